@@ -1,0 +1,72 @@
+"""tokenbelt: a local LLM runtime where every token stream is bounded, stoppable,
+timed and explained.
+
+The package is layered; lower layers never import higher ones:
+
+1. ``tokenbelt.belt``: the bounded channel, cancellation, deadlines, trace
+2. ``tokenbelt.engines``: llama.cpp and a scripted engine
+3. ``tokenbelt.models``: catalog, resolution, download cache, probe
+4. ``tokenbelt.runtime``: loaded models, slots, admission queue, sessions (the SDK)
+5. surfaces: ``tokenbelt.server`` (HTTP), ``tokenbelt.cli``
+"""
+
+from ._errors import (
+    AdmissionError,
+    Cancelled,
+    CatalogError,
+    DecodeError,
+    DownloadCancelled,
+    DownloadError,
+    EndOfStream,
+    EngineError,
+    IllegalState,
+    IntegrityError,
+    InvalidArgument,
+    LoadTimeout,
+    ModelError,
+    ModelLoadError,
+    ModelLoading,
+    PromptTooLong,
+    QueueFull,
+    RuntimeClosed,
+    TokenbeltError,
+    UnknownModel,
+)
+from .belt import Belt, BeltStatistics, EndReason, Limits, Trace, TraceEvent
+from .engines import GenerationRequest, LlamaEngine, SamplingParams, ScriptedEngine
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionError",
+    "Belt",
+    "BeltStatistics",
+    "Cancelled",
+    "CatalogError",
+    "DecodeError",
+    "DownloadCancelled",
+    "DownloadError",
+    "EndOfStream",
+    "EndReason",
+    "EngineError",
+    "GenerationRequest",
+    "IllegalState",
+    "IntegrityError",
+    "InvalidArgument",
+    "Limits",
+    "LlamaEngine",
+    "LoadTimeout",
+    "ModelError",
+    "ModelLoadError",
+    "ModelLoading",
+    "PromptTooLong",
+    "QueueFull",
+    "RuntimeClosed",
+    "SamplingParams",
+    "ScriptedEngine",
+    "TokenbeltError",
+    "Trace",
+    "TraceEvent",
+    "UnknownModel",
+    "__version__",
+]

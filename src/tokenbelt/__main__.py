@@ -1,0 +1,3 @@
+from tokenbelt.cli import main
+
+raise SystemExit(main())

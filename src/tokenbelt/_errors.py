@@ -1,0 +1,125 @@
+"""The one exception tree of tokenbelt.
+
+Every error tokenbelt raises on purpose is a ``TokenbeltError``. Errors from the
+engine binding, the network and the file system are translated at one boundary
+each (``raise ... from exc``) so callers never need to catch a library's own types.
+
+    TokenbeltError
+    ├── InvalidArgument (also ValueError) ... a bad size, duration or sampling value
+    ├── IllegalState ........................ a lifecycle transition that is not allowed
+    ├── Cancelled ........................... raised inside a producer at a checkpoint
+    ├── EndOfStream ......................... ``get()`` on a belt that has ended and is empty
+    ├── EngineError
+    │   ├── ModelLoadError .................. the model file could not be loaded
+    │   ├── LoadTimeout ..................... loading took longer than ``load_timeout``
+    │   ├── PromptTooLong ................... the prompt does not fit the context
+    │   └── DecodeError ..................... the engine failed while generating
+    ├── ModelError
+    │   ├── UnknownModel .................... no catalog entry for an alias or variant
+    │   ├── CatalogError .................... a catalog file is malformed
+    │   ├── DownloadError ................... fetching a model file failed
+    │   │   └── DownloadCancelled ........... the download was cancelled (resumable)
+    │   └── IntegrityError .................. a file's size or sha256 is not what it should be
+    ├── AdmissionError
+    │   ├── QueueFull ....................... the admission queue is full (``rejected``)
+    │   └── ModelLoading .................... the model is still loading
+    └── RuntimeClosed ....................... the runtime was closed
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .belt._reasons import EndReason
+
+
+class TokenbeltError(Exception):
+    """Base class of every error tokenbelt raises on purpose."""
+
+
+class InvalidArgument(TokenbeltError, ValueError):
+    """A value given to tokenbelt is out of range or of the wrong kind."""
+
+
+class IllegalState(TokenbeltError):
+    """An operation is not allowed in the object's current lifecycle state."""
+
+
+class Cancelled(TokenbeltError):
+    """Raised at a producer's checkpoint once its belt has been cancelled.
+
+    Producers let it propagate: the belt already knows the reason.
+    """
+
+    def __init__(self, reason: EndReason) -> None:
+        super().__init__(f"cancelled: {reason.value}")
+        self.reason = reason
+
+
+class EndOfStream(TokenbeltError):
+    """Raised by a belt's ``get()`` once the belt has ended and holds no more items."""
+
+    def __init__(self, reason: EndReason) -> None:
+        super().__init__(f"end of stream: {reason.value}")
+        self.reason = reason
+
+
+class EngineError(TokenbeltError):
+    """The engine could not do what was asked."""
+
+
+class ModelLoadError(EngineError):
+    """A model file could not be loaded."""
+
+
+class LoadTimeout(EngineError):
+    """Loading a model took longer than its load deadline."""
+
+
+class PromptTooLong(EngineError, ValueError):
+    """The prompt (plus room for at least one token) does not fit the context window."""
+
+
+class DecodeError(EngineError):
+    """The engine failed while evaluating or sampling."""
+
+
+class ModelError(TokenbeltError):
+    """A problem finding, fetching or verifying a model."""
+
+
+class UnknownModel(ModelError, LookupError):
+    """No catalog entry matches the requested alias or variant."""
+
+
+class CatalogError(ModelError):
+    """A catalog file is malformed."""
+
+
+class DownloadError(ModelError):
+    """Fetching a model file failed."""
+
+
+class DownloadCancelled(DownloadError):
+    """A download was cancelled; its partial file is kept for resuming."""
+
+
+class IntegrityError(ModelError):
+    """A model file's size or sha256 does not match the catalog."""
+
+
+class AdmissionError(TokenbeltError):
+    """A request was not admitted."""
+
+
+class QueueFull(AdmissionError):
+    """The admission queue is full; the request ends as ``rejected``."""
+
+
+class ModelLoading(AdmissionError):
+    """The model is still loading; try again shortly."""
+
+
+class RuntimeClosed(TokenbeltError):
+    """The runtime (or the model) has been closed."""

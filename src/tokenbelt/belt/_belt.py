@@ -1,0 +1,485 @@
+"""The belt: a bounded, cancellable channel from one producer to one consumer.
+
+The producer is a plain thread (the decode loop) or a coroutine; the consumer is
+sync or async. Either side may be on any thread. One ``threading.Lock`` guards
+the state; sync waiters sleep on a ``threading.Condition`` and async waiters on a
+future woken with ``call_soon_threadsafe``.
+
+Producer protocol, once per token::
+
+    belt.wait_for_room()    # blocks while the belt is full: no compute is spent ahead
+    token = compute()       # the engine also calls belt.checkpoint() inside long steps
+    belt.put(token)
+
+Deadlines are checked by whichever side is waiting, so an expired deadline ends
+the stream even while the producer is stuck inside one long step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .._errors import Cancelled, EndOfStream
+from ._limits import Deadlines, check_capacity
+from ._reasons import EndReason
+from ._trace import Trace
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_WAIT: object = object()
+
+
+@dataclass(frozen=True)
+class BeltStatistics:
+    """A snapshot of a belt's counters (trio ``MemoryChannelStatistics`` style)."""
+
+    capacity: int
+    buffered: int
+    peak: int
+    produced: int
+    consumed: int
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Belt(Generic[T]):
+    """A bounded channel with cancellation, deadlines and a trace.
+
+    - The producer is never more than ``capacity`` items ahead of the consumer.
+    - ``cancel(reason)`` is idempotent and thread-safe; the first reason wins. It
+      drops buffered items and wakes both sides.
+    - A natural end (``finish``) keeps buffered items for the consumer to drain.
+    - A producer failure (``fail``) ends with ``runtime_error``; the consumer gets
+      the buffered items, then the original exception.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        deadlines: Deadlines | None = None,
+        trace: Trace | None = None,
+    ) -> None:
+        self.capacity = check_capacity(capacity)
+        self.trace = trace if trace is not None else Trace()
+        self._clock = self.trace.clock
+        self._deadlines = deadlines if deadlines is not None else Deadlines()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._items: collections.deque[T] = collections.deque()
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._reason: EndReason | None = None
+        self._error: BaseException | None = None
+        self._released = False
+        self._cancel_callbacks: list[Callable[[EndReason], None]] = []
+        self._produced = 0
+        self._consumed = 0
+        self._peak = 0
+        self._last_item_at: float | None = None
+        self._started_at: float | None = None
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        """The reason the belt ended, or None while it runs."""
+        return self._reason
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the belt ended for any reason the producer did not choose."""
+        reason = self._reason
+        return (
+            reason is not None and not reason.is_natural and reason is not EndReason.RUNTIME_ERROR
+        )
+
+    @property
+    def released(self) -> bool:
+        """True once the producer has exited and the engine let go of the request."""
+        return self._released
+
+    def statistics(self) -> BeltStatistics:
+        with self._lock:
+            return BeltStatistics(
+                capacity=self.capacity,
+                buffered=len(self._items),
+                peak=self._peak,
+                produced=self._produced,
+                consumed=self._consumed,
+            )
+
+    def on_cancel(self, callback: Callable[[EndReason], None]) -> None:
+        """Call ``callback(reason)`` once when the belt is cancelled (at once if it was).
+
+        The callback runs on the cancelling thread, so it must be quick and
+        thread-safe (set a flag, remove an entry from a queue).
+        """
+        with self._lock:
+            if self._reason is None:
+                self._cancel_callbacks.append(callback)
+                return
+            fire = self.cancelled
+        if fire:
+            assert self._reason is not None
+            callback(self._reason)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _notify_locked(self) -> None:
+        self._cond.notify_all()
+        if self._async_waiters:
+            for loop, fut in self._async_waiters:
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(_wake, fut)
+            self._async_waiters.clear()
+
+    def _deadline_candidates_locked(self) -> list[tuple[float, EndReason]]:
+        if self._reason is not None:
+            return []
+        d = self._deadlines
+        out: list[tuple[float, EndReason]] = []
+        if d.first_token is not None and self._produced == 0:
+            out.append((d.first_token, EndReason.FIRST_TOKEN_TIMEOUT))
+        if d.total is not None:
+            out.append((d.total, EndReason.TOTAL_TIMEOUT))
+        if d.stall is not None:
+            base = self._last_item_at if self._last_item_at is not None else self._started_at
+            if base is not None:
+                out.append((base + d.stall, EndReason.STALL_TIMEOUT))
+        return out
+
+    def _check_deadlines_locked(self) -> tuple[EndReason | None, float | None]:
+        """(expired reason, seconds until the next deadline)."""
+        candidates = self._deadline_candidates_locked()
+        if not candidates:
+            return None, None
+        when, reason = min(candidates, key=lambda c: c[0])
+        remaining = when - self._clock()
+        if remaining <= 0:
+            return reason, None
+        return None, remaining
+
+    def _wait(self, ready: Callable[[], object]) -> object:
+        """Block until ``ready()`` (called under the lock) returns something else than _WAIT."""
+        while True:
+            with self._lock:
+                result = ready()
+                if result is not _WAIT:
+                    return result
+                expired, timeout = self._check_deadlines_locked()
+                if expired is None:
+                    self._cond.wait(timeout)
+                    continue
+            self.cancel(expired)
+
+    async def _await(self, ready: Callable[[], object]) -> object:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                result = ready()
+                if result is not _WAIT:
+                    return result
+                expired, timeout = self._check_deadlines_locked()
+                if expired is None:
+                    fut: asyncio.Future[None] = loop.create_future()
+                    self._async_waiters.append((loop, fut))
+            if expired is not None:
+                self.cancel(expired)
+                continue
+            try:
+                if timeout is None:
+                    await fut
+                else:
+                    async with asyncio.timeout(timeout):
+                        await fut
+            except TimeoutError:
+                pass
+            finally:
+                if not fut.done():
+                    with self._lock:
+                        if (loop, fut) in self._async_waiters:
+                            self._async_waiters.remove((loop, fut))
+
+    def _raise_end_locked(self) -> None:
+        assert self._reason is not None
+        if self._reason is EndReason.RUNTIME_ERROR and self._error is not None:
+            raise self._error
+        raise EndOfStream(self._reason)
+
+    # -- consumer side -----------------------------------------------------------------------
+
+    def _take_ready(self) -> object:
+        if self._items:
+            item = self._items.popleft()
+            self._consumed += 1
+            self._notify_locked()
+            return item
+        if self._reason is not None:
+            self._raise_end_locked()
+        return _WAIT
+
+    def get(self) -> T:
+        """Take the next item, blocking while the belt is empty.
+
+        Raises ``EndOfStream`` (with ``.reason``) once the belt has ended and is
+        empty, or the producer's own exception after ``runtime_error``. Taking an
+        item makes room, which wakes a producer blocked on a full belt.
+        """
+        return self._wait(self._take_ready)  # type: ignore[return-value]
+
+    async def aget(self) -> T:
+        """Async ``get()``: waits without blocking the event loop."""
+        return await self._await(self._take_ready)  # type: ignore[return-value]
+
+    def cancel(self, reason: EndReason = EndReason.USER_CANCEL) -> bool:
+        """End the stream with ``reason`` unless it already ended; thread-safe.
+
+        Drops buffered items, wakes a blocked producer (its next checkpoint raises
+        ``Cancelled``) and a blocked consumer (it sees ``EndOfStream``), and runs
+        the ``on_cancel`` callbacks. Returns True if this call ended the belt.
+        """
+        with self._lock:
+            if self._reason is not None:
+                return False
+            self._reason = reason
+            self._items.clear()
+            self._notify_locked()
+            callbacks, self._cancel_callbacks = self._cancel_callbacks, []
+        self.trace.mark_cancel_requested()
+        self.trace.mark_ended(reason)
+        for callback in callbacks:
+            callback(reason)
+        return True
+
+    def close(self) -> None:
+        """The consumer stops reading: cancels with ``user_cancel`` (no-op once ended)."""
+        self.cancel(EndReason.USER_CANCEL)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __iter__(self) -> BeltReader[T]:
+        return BeltReader(self)
+
+    def __aiter__(self) -> BeltReader[T]:
+        return BeltReader(self)
+
+    # -- producer side -----------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Raise ``Cancelled`` if the belt was cancelled or a deadline has passed.
+
+        Cheap (one lock, one clock read): call it at every safe point.
+        """
+        with self._lock:
+            if self._reason is not None:
+                raise Cancelled(self._reason)
+            expired, _ = self._check_deadlines_locked()
+        if expired is not None:
+            self.cancel(expired)
+            raise Cancelled(self._reason or expired)
+
+    def _room_ready(self) -> object:
+        if self._reason is not None:
+            raise Cancelled(self._reason)
+        if len(self._items) < self.capacity:
+            return None
+        return _WAIT
+
+    def wait_for_room(self) -> None:
+        """Block while the belt is full; raise ``Cancelled`` once it is cancelled.
+
+        Call it *before* computing the next item, so a slow reader costs no compute.
+        """
+        self._wait(self._room_ready)
+
+    async def await_for_room(self) -> None:
+        """Async ``wait_for_room()``."""
+        await self._await(self._room_ready)
+
+    def _append(self, item: T) -> None:
+        with self._lock:
+            if self._reason is not None:
+                raise Cancelled(self._reason)
+            now = self._clock()
+            self._items.append(item)
+            self._produced += 1
+            self._last_item_at = now
+            buffered = len(self._items)
+            if buffered > self._peak:
+                self._peak = buffered
+                self.trace.buffer_peak = buffered
+            self._notify_locked()
+        self.trace.mark_token(now)
+
+    def put(self, item: T) -> None:
+        """Wait for room, then add ``item``; raises ``Cancelled`` once cancelled."""
+        self.wait_for_room()
+        self._append(item)
+
+    async def aput(self, item: T) -> None:
+        await self.await_for_room()
+        self._append(item)
+
+    def _end(self, reason: EndReason, error: BaseException | None = None) -> bool:
+        with self._lock:
+            if self._reason is not None:
+                return False
+            self._reason = reason
+            self._error = error
+            self._notify_locked()
+            self._cancel_callbacks = []
+        self.trace.mark_ended(reason, error)
+        return True
+
+    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
+        """The producer ends naturally (``stop`` or ``length``); buffered items stay."""
+        return self._end(reason)
+
+    def fail(self, error: BaseException) -> bool:
+        """The producer failed: ends with ``runtime_error``; the consumer gets ``error``."""
+        return self._end(EndReason.RUNTIME_ERROR, error)
+
+    def start(self) -> None:
+        """The producer starts: marks admission and arms the stall deadline."""
+        with self._lock:
+            if self._started_at is None:
+                self._started_at = self._clock()
+        self.trace.mark_admitted()
+
+    def release(self) -> None:
+        """The engine has let go of the request (producer exited, slot free)."""
+        with self._lock:
+            self._released = True
+            self._notify_locked()
+        self.trace.mark_released()
+
+    def wait_released(self, timeout: float | None = None) -> bool:
+        """Block until ``release()``; False if ``timeout`` seconds passed first."""
+        return self.trace.wait_released(timeout)
+
+    async def await_released(self, timeout: float | None = None) -> bool:
+        """Async ``wait_released()``."""
+
+        def ready() -> object:
+            return True if self._released else _WAIT
+
+        try:
+            async with asyncio.timeout(timeout):
+                await self._await(ready)
+        except TimeoutError:
+            return False
+        return True
+
+    def produce(
+        self,
+        target: Callable[[Belt[T]], EndReason | None],
+        *,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Run ``target(self)`` as this belt's producer, in the calling thread.
+
+        ``target`` returns the natural end reason (None means ``stop``). A
+        ``Cancelled`` raised inside it ends quietly (the belt has the reason); any
+        other exception ends with ``runtime_error``. Then ``on_exit`` runs (free the
+        slot) and the release is recorded, even if ``on_exit`` fails.
+        """
+        self.start()
+        try:
+            reason = target(self)
+            self.finish(reason or EndReason.STOP)
+        except Cancelled as exc:
+            self.cancel(exc.reason)
+        except Exception as exc:
+            self.fail(exc)
+        except BaseException:
+            self.cancel(EndReason.SHUTDOWN)
+            raise
+        finally:
+            try:
+                if on_exit is not None:
+                    on_exit()
+            finally:
+                self.release()
+
+    async def aproduce(
+        self,
+        target: Callable[[Belt[T]], Awaitable[EndReason | None]],
+        *,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """``produce()`` for a coroutine producer. A cancelled task ends with ``shutdown``."""
+        self.start()
+        try:
+            reason = await target(self)
+            self.finish(reason or EndReason.STOP)
+        except Cancelled as exc:
+            self.cancel(exc.reason)
+        except Exception as exc:
+            self.fail(exc)
+        except BaseException:
+            self.cancel(EndReason.SHUTDOWN)
+            raise
+        finally:
+            try:
+                if on_exit is not None:
+                    on_exit()
+            finally:
+                self.release()
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        reason = self._reason.value if self._reason else None
+        return f"<Belt {s.buffered}/{s.capacity} produced={s.produced} end_reason={reason!r}>"
+
+
+class BeltReader(Generic[T]):
+    """One pass of a consumer over a belt, sync or async.
+
+    Leaving the loop early (``break``, an exception, ``close()``/``aclose()``, or
+    the reader being garbage collected) cancels the belt with ``user_cancel``; after
+    a natural end that cancel is a no-op and the end reason stays.
+    """
+
+    __slots__ = ("_belt",)
+
+    def __init__(self, belt: Belt[T]) -> None:
+        self._belt = belt
+
+    def __iter__(self) -> BeltReader[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return self._belt.get()
+        except EndOfStream:
+            raise StopIteration from None
+
+    def __aiter__(self) -> BeltReader[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self._belt.aget()
+        except EndOfStream:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._belt.close()
+
+    async def aclose(self) -> None:
+        self._belt.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self._belt.close()

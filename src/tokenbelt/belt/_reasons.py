@@ -1,0 +1,62 @@
+"""Why a request ended: exactly one reason per request."""
+
+from __future__ import annotations
+
+import enum
+
+
+class EndReason(enum.StrEnum):
+    """The single reason a request ended.
+
+    The first reason recorded wins; later ones are ignored.
+    """
+
+    #: the model produced an end-of-generation token or a stop string
+    STOP = "stop"
+    #: ``max_tokens`` or the context window was reached
+    LENGTH = "length"
+    #: a user asked to stop (SDK cancel, ``break``, cancel endpoint, Stop button, Ctrl-C)
+    USER_CANCEL = "user_cancel"
+    #: the HTTP client went away
+    CLIENT_DISCONNECT = "client_disconnect"
+    #: no first token before the first-token deadline (counted from enqueue)
+    FIRST_TOKEN_TIMEOUT = "first_token_timeout"
+    #: the whole request ran past its total deadline
+    TOTAL_TIMEOUT = "total_timeout"
+    #: the gap between two tokens was longer than the stall limit
+    STALL_TIMEOUT = "stall_timeout"
+    #: the model did not load before its load deadline
+    LOAD_TIMEOUT = "load_timeout"
+    #: the admission queue was full
+    REJECTED = "rejected"
+    #: the engine or the producer raised
+    RUNTIME_ERROR = "runtime_error"
+    #: the runtime was closed while the request was queued or running
+    SHUTDOWN = "shutdown"
+
+    @property
+    def is_natural(self) -> bool:
+        """True for ends the model chose (``stop``, ``length``)."""
+        return self in (EndReason.STOP, EndReason.LENGTH)
+
+    @property
+    def is_timeout(self) -> bool:
+        """True for the deadline reasons."""
+        return self in _TIMEOUTS
+
+    @property
+    def openai_finish_reason(self) -> str:
+        """The closest OpenAI ``finish_reason``: ``stop``, ``length`` or ``cancelled``."""
+        if self.is_natural:
+            return self.value
+        return "cancelled"
+
+
+_TIMEOUTS = frozenset(
+    {
+        EndReason.FIRST_TOKEN_TIMEOUT,
+        EndReason.TOTAL_TIMEOUT,
+        EndReason.STALL_TIMEOUT,
+        EndReason.LOAD_TIMEOUT,
+    }
+)

@@ -1,0 +1,232 @@
+"""The per-request timeline: timestamps, counters, one end reason, observers.
+
+Timestamps are ``time.monotonic()`` seconds. ``to_dict()`` turns them into
+milliseconds relative to ``enqueued`` plus one wall-clock anchor, so a trace
+serialises to JSON without losing the order of events.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._reasons import EndReason
+
+logger = logging.getLogger("tokenbelt.trace")
+
+#: A release later than this after a cancel is an alert (``release_lag`` event).
+DEFAULT_RELEASE_LAG_THRESHOLD = 1.0
+
+TIMESTAMPS = ("enqueued", "admitted", "first_token", "last_token", "cancel_requested", "released")
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One lifecycle event of one request.
+
+    ``kind`` is one of ``enqueued``, ``admitted``, ``first_token``,
+    ``cancel_requested``, ``ended``, ``released`` and ``release_lag`` (a warning:
+    the engine kept the request long after it was asked to stop).
+    """
+
+    kind: str
+    trace: Trace
+    at: float
+
+
+Observer = Callable[[TraceEvent], None]
+
+
+def new_request_id() -> str:
+    """A short random request id, safe in URLs and headers."""
+    return "req_" + secrets.token_hex(8)
+
+
+class Trace:
+    """The timeline of one request.
+
+    Marks are set once: the first call wins, later calls are ignored, so the
+    producer thread and the consumer may both mark without coordinating.
+    Observers are called synchronously on the thread that caused the event; they
+    must be quick and thread-safe. An observer that raises is logged and skipped.
+    """
+
+    def __init__(
+        self,
+        request_id: str | None = None,
+        *,
+        model: str | None = None,
+        observers: list[Observer] | tuple[Observer, ...] = (),
+        release_lag_threshold: float = DEFAULT_RELEASE_LAG_THRESHOLD,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.request_id = request_id or new_request_id()
+        self.model = model
+        self.clock = clock
+        self.release_lag_threshold = release_lag_threshold
+        self.enqueued: float | None = None
+        self.admitted: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.cancel_requested: float | None = None
+        self.released: float | None = None
+        self.end_reason: EndReason | None = None
+        self.error: str | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.buffer_peak = 0
+        self.release_lagged = False
+        self._observers: list[Observer] = list(observers)
+        self._lock = threading.Lock()
+        self._released_event = threading.Event()
+        # Anchors monotonic times to the wall clock for serialisation.
+        self._wall_anchor = time.time() - clock()
+
+    # -- observers ---------------------------------------------------------------------------
+
+    def subscribe(self, observer: Observer) -> None:
+        """Call ``observer`` for every later event of this request."""
+        with self._lock:
+            self._observers.append(observer)
+
+    def _emit(self, kind: str, at: float) -> None:
+        with self._lock:
+            observers = list(self._observers)
+        event = TraceEvent(kind, self, at)
+        for observer in observers:
+            try:
+                observer(event)
+            except Exception:
+                logger.exception("trace observer %r failed on %s", observer, kind)
+
+    def _mark(self, name: str, at: float | None) -> bool:
+        when = self.clock() if at is None else at
+        with self._lock:
+            if getattr(self, name) is not None:
+                return False
+            setattr(self, name, when)
+        self._emit(name, when)
+        return True
+
+    # -- marks -------------------------------------------------------------------------------
+
+    def mark_enqueued(self, at: float | None = None) -> None:
+        self._mark("enqueued", at)
+
+    def mark_admitted(self, at: float | None = None) -> None:
+        self._mark("admitted", at)
+
+    def mark_token(self, at: float | None = None) -> None:
+        """Record one produced token: sets ``first_token`` once, ``last_token`` always."""
+        when = self.clock() if at is None else at
+        self.last_token = when
+        if self.first_token is None:
+            self._mark("first_token", when)
+
+    def mark_cancel_requested(self, at: float | None = None) -> None:
+        self._mark("cancel_requested", at)
+
+    def mark_ended(self, reason: EndReason, error: BaseException | None = None) -> bool:
+        """Record the end reason; only the first call counts. Returns True if it did."""
+        with self._lock:
+            if self.end_reason is not None:
+                return False
+            self.end_reason = reason
+            if error is not None:
+                self.error = f"{type(error).__name__}: {error}"
+        self._emit("ended", self.clock())
+        return True
+
+    def mark_released(self, at: float | None = None) -> None:
+        """The engine is done with the request: producer exited, slot free."""
+        if not self._mark("released", at):
+            return
+        self._released_event.set()
+        lag = self.cancel_to_release
+        if lag is not None and lag > self.release_lag_threshold:
+            self.release_lagged = True
+            logger.warning(
+                "request %s released %.0f ms after it was asked to stop",
+                self.request_id,
+                lag * 1000,
+            )
+            self._emit("release_lag", self.clock())
+
+    def wait_released(self, timeout: float | None = None) -> bool:
+        """Block until the release is recorded; False if ``timeout`` passed first."""
+        return self._released_event.wait(timeout)
+
+    # -- derived -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _span(start: float | None, end: float | None) -> float | None:
+        if start is None or end is None:
+            return None
+        return max(0.0, end - start)
+
+    @property
+    def queue_wait(self) -> float | None:
+        """Seconds from enqueue to admission."""
+        return self._span(self.enqueued, self.admitted)
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        """Seconds from enqueue to the first token (queue wait included)."""
+        return self._span(self.enqueued, self.first_token)
+
+    @property
+    def cancel_to_release(self) -> float | None:
+        """Seconds from the stop request to the release of the engine."""
+        return self._span(self.cancel_requested, self.released)
+
+    @property
+    def end_to_end(self) -> float | None:
+        """Seconds from enqueue to release."""
+        return self._span(self.enqueued, self.released)
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens per second between the first and the last token."""
+        span = self._span(self.first_token, self.last_token)
+        if not span or self.completion_tokens < 2:
+            return None
+        return (self.completion_tokens - 1) / span
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view: times in ms after ``enqueued``, durations in ms."""
+        origin = self.enqueued if self.enqueued is not None else self.admitted
+
+        def rel(value: float | None) -> float | None:
+            if value is None or origin is None:
+                return None
+            return round((value - origin) * 1000, 3)
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else round(value * 1000, 3)
+
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "enqueued_at": None if origin is None else round(self._wall_anchor + origin, 6),
+            "timeline_ms": {name: rel(getattr(self, name)) for name in TIMESTAMPS},
+            "queue_wait_ms": ms(self.queue_wait),
+            "time_to_first_token_ms": ms(self.time_to_first_token),
+            "cancel_to_release_ms": ms(self.cancel_to_release),
+            "end_to_end_ms": ms(self.end_to_end),
+            "decode_tok_s": None if self.decode_rate is None else round(self.decode_rate, 3),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "buffer_peak": self.buffer_peak,
+            "end_reason": None if self.end_reason is None else self.end_reason.value,
+            "error": self.error,
+            "release_lagged": self.release_lagged,
+        }
+
+    def __repr__(self) -> str:
+        reason = self.end_reason.value if self.end_reason else None
+        return f"<Trace {self.request_id} end_reason={reason!r}>"

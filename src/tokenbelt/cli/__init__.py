@@ -1,0 +1,35 @@
+"""Layer 5: the ``tokenbelt`` command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .._errors import TokenbeltError
+from ._common import Parser
+
+
+def build_parser() -> Parser:
+    from . import _demo
+
+    parser = Parser(prog="tokenbelt", description="A local LLM runtime whose Stop really stops.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    _demo.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tokenbelt`` console script."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except TokenbeltError as exc:
+        print(f"tokenbelt: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tokenbelt: interrupted", file=sys.stderr)
+        return 130
+    return status

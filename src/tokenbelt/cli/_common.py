@@ -1,0 +1,60 @@
+"""Shared pieces of the command line: a parser whose errors are one line, value types."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+from .._errors import InvalidArgument
+from ..belt import check_capacity, check_duration
+
+T = TypeVar("T")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that reports a bad flag in one line and exits with 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _convert(text: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _non_negative(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument(f"value must be >= 0, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (capacities, slots, limits)."""
+    return _convert(text, lambda t: check_capacity(int(t), name="value"))
+
+
+def non_negative_int(text: str) -> int:
+    return _convert(text, lambda t: _non_negative(int(t)))
+
+
+def duration(text: str) -> float:
+    """A finite number >= 0 (seconds or milliseconds, as the flag says)."""
+    return _convert(text, lambda t: check_duration("value", float(t)) or 0.0)
+
+
+def positive_duration(text: str) -> float:
+    """A finite number > 0."""
+    return _convert(text, lambda t: check_duration("value", float(t), allow_zero=False) or 0.0)
+
+
+def fail(message: str, status: int = 1) -> NoReturn:
+    """Print a one-line error to stderr and exit."""
+    print(f"tokenbelt: error: {message}", file=sys.stderr)
+    raise SystemExit(status)

@@ -1,0 +1,111 @@
+"""``tokenbelt demo``: the belt experiment, with a scripted kitchen and a slow guest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from .._errors import InvalidArgument
+from ..belt import Belt, EndReason, check_capacity, check_duration
+from ..engines import GenerationRequest, SamplingParams, ScriptedEngine
+from ._common import Parser, duration, non_negative_int, positive_int
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    produced: int
+    consumed: int
+    buffer_peak: int
+    end_reason: str
+    cancel_to_release_ms: float | None
+
+
+def run_demo(
+    *,
+    capacity: int = 2,
+    limit: int = 5,
+    produce_ms: float = 10.0,
+    consume_ms: float = 30.0,
+    tokens: int = 1000,
+    echo: bool = True,
+) -> DemoSummary:
+    """Run a fast producer against a slow consumer that stops after ``limit`` tokens.
+
+    Prints one line per token read (time, token, belt fill) when ``echo`` is set.
+    Raises ``InvalidArgument`` for a bad size or duration.
+    """
+    check_capacity(capacity)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"limit must be an integer >= 0, got {limit!r}")
+    produce_s = (check_duration("produce_ms", produce_ms) or 0.0) / 1000
+    consume_s = (check_duration("consume_ms", consume_ms) or 0.0) / 1000
+
+    engine = ScriptedEngine([f"tok{i}" for i in range(tokens)], delay=produce_s)
+    belt: Belt[str] = Belt(capacity)
+    request = GenerationRequest(prompt="demo", sampling=SamplingParams(max_tokens=tokens))
+    belt.trace.mark_enqueued()
+    producer = threading.Thread(
+        target=belt.produce,
+        args=(lambda b: engine.generate(request, b),),
+        name="tokenbelt-demo-producer",
+    )
+    start = time.monotonic()
+    producer.start()
+    try:
+        for count, token in enumerate(belt if limit > 0 else (), start=1):
+            fill = belt.statistics().buffered
+            if echo:
+                elapsed = (time.monotonic() - start) * 1000
+                print(f"{elapsed:8.1f} ms  {token:<8} belt {fill}/{capacity}")
+            if count >= limit:
+                break
+            time.sleep(consume_s)
+    finally:
+        belt.close()
+        producer.join()
+    stats = belt.statistics()
+    ctr = belt.trace.cancel_to_release
+    return DemoSummary(
+        produced=stats.produced,
+        consumed=stats.consumed,
+        buffer_peak=stats.peak,
+        end_reason=(belt.end_reason or EndReason.STOP).value,
+        cancel_to_release_ms=None if ctr is None else round(ctr * 1000, 3),
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the belt experiment: a fast producer, a slow consumer that stops early",
+        description="A fast scripted producer, a slow consumer, a bounded belt between them.",
+    )
+    p.add_argument("--capacity", type=positive_int, default=2, help="belt capacity (>= 1)")
+    p.add_argument("--limit", type=non_negative_int, default=5, help="tokens read before stop")
+    p.add_argument("--produce-ms", type=duration, default=10.0, help="ms per produced token")
+    p.add_argument("--consume-ms", type=duration, default=30.0, help="ms per consumed token")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    summary = run_demo(
+        capacity=args.capacity,
+        limit=args.limit,
+        produce_ms=args.produce_ms,
+        consume_ms=args.consume_ms,
+        echo=not args.json,
+    )
+    if args.json:
+        print(json.dumps(asdict(summary)))
+        return 0
+    print()
+    print(f"produced             {summary.produced}")
+    print(f"consumed             {summary.consumed}")
+    print(f"buffer peak          {summary.buffer_peak}")
+    print(f"end reason           {summary.end_reason}")
+    print(f"cancel to release    {summary.cancel_to_release_ms} ms")
+    return 0

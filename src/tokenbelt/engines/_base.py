@@ -1,0 +1,143 @@
+"""The engine interface: what produces tokens into a belt.
+
+An engine instance owns one context (one *slot*). ``generate`` runs on the
+producer thread the runtime gives it, blocks until the request ends, and talks to
+the belt only through the producer protocol (``wait_for_room``, ``checkpoint``,
+``put``). The runtime calls ``belt.produce(engine.generate...)``, which records the
+end reason and the release.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypedDict
+
+from .._errors import InvalidArgument
+from ..belt import Belt, EndReason
+
+
+class Message(TypedDict):
+    """One chat message, as in the OpenAI API."""
+
+    role: str
+    content: str
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise InvalidArgument(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings, named as in the OpenAI API where one exists.
+
+    Validated on construction: a bad value raises ``InvalidArgument`` before any
+    compute is spent.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidArgument(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= _number("temperature", self.temperature) <= 100.0:
+            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < _number("top_p", self.top_p) <= 1.0:
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgument(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not 0.0 <= _number("min_p", self.min_p) <= 1.0:
+            raise InvalidArgument(f"min_p must be in [0, 1], got {self.min_p}")
+        if _number("repeat_penalty", self.repeat_penalty) <= 0:
+            raise InvalidArgument(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        ):
+            raise InvalidArgument(f"seed must be an integer >= 0, got {self.seed!r}")
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise InvalidArgument("stop must be a string or a list of non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate: chat ``messages`` or a raw ``prompt`` (exactly one of them).
+
+    ``conversation_id`` lets an engine keep the KV cache of a conversation's prefix
+    between its turns; requests of other conversations never see that state.
+    """
+
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    conversation_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise InvalidArgument("give either messages or a prompt")
+        if self.messages is not None:
+            for m in self.messages:
+                if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+                    raise InvalidArgument(f"each message needs a string content, got {m!r}")
+                if m.get("role") not in ("system", "user", "assistant"):
+                    raise InvalidArgument(f"unknown message role {m.get('role')!r}")
+
+    @classmethod
+    def chat(
+        cls,
+        messages: Sequence[Message],
+        sampling: SamplingParams | None = None,
+        conversation_id: str | None = None,
+    ) -> GenerationRequest:
+        return cls(
+            messages=tuple(messages),
+            sampling=sampling or SamplingParams(),
+            conversation_id=conversation_id,
+        )
+
+
+class Engine(Protocol):
+    """One loaded model context that can serve one request at a time."""
+
+    #: a short name for logs and traces
+    name: str
+    #: the context window in tokens
+    context_length: int
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """Tokenise the request's prompt; raises ``PromptTooLong`` if it cannot fit.
+
+        Cheap compared to generation; lets the runtime reject before queueing.
+        """
+        ...
+
+    def generate(self, request: GenerationRequest, belt: Belt[str]) -> EndReason:
+        """Produce text pieces into ``belt`` until the request ends; blocking.
+
+        Waits for room before computing each token (backpressure), checks the belt
+        at every safe point and raises ``Cancelled`` when it was cancelled. Returns
+        ``stop`` or ``length``. Sets ``belt.trace.prompt_tokens`` and increments
+        ``belt.trace.completion_tokens`` as soon as each token is sampled. Before it
+        returns or raises, the context is ready for the next request.
+        """
+        ...
+
+    def close(self) -> None:
+        """Free the context and the model's native memory. Idempotent."""
+        ...

@@ -1,0 +1,59 @@
+"""Shared fixtures: every test must leave no thread or task behind."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+# Threads owned by long-lived machinery outside any one test.
+_IGNORED_THREAD_PREFIXES = ("asyncio_", "ThreadPoolExecutor", "pytest_timeout")
+
+
+def _foreign_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and not t.name.startswith(_IGNORED_THREAD_PREFIXES)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a thread running (after a short grace period)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5.0
+    leaked = _foreign_threads(before)
+    while leaked and time.monotonic() < deadline:
+        leaked[0].join(0.05)
+        leaked = _foreign_threads(before)
+    if leaked:
+        pytest.fail(f"test left threads running: {[t.name for t in leaked]}")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail an async test that leaves a task running."""
+    before = asyncio.all_tasks()
+    yield
+    for _ in range(50):
+        leaked = asyncio.all_tasks() - before - {asyncio.current_task()}
+        if not leaked:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"test left tasks running: {leaked}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("anyio") is not None and isinstance(item, pytest.Function):
+            item.fixturenames.append("no_leaked_tasks")
