@@ -10,12 +10,13 @@ from ._common import Parser
 
 
 def build_parser() -> Parser:
-    from . import _demo
+    from . import _demo, _serve
 
     parser = Parser(prog="tokenbelt", description="A local LLM runtime whose Stop really stops.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     _demo.add_parser(sub)
+    _serve.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,119 @@
+"""``tokenbelt serve``: the OpenAI-compatible service and the web page, on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+from ..runtime import DEFAULT_ALIAS
+from ._common import Parser, duration, fail, non_negative_int, positive_duration, positive_int
+
+logger = logging.getLogger("tokenbelt.server")
+
+
+def _port(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API with a web chat",
+        description="Serve a model (default: the embedded one) at http://127.0.0.1:8080.",
+    )
+    p.add_argument("alias", nargs="?", default=DEFAULT_ALIAS, help="model alias or .gguf path")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
+    p.add_argument("--capacity", type=positive_int, default=8, help="belt capacity per request")
+    p.add_argument("--slots", type=positive_int, default=1, help="parallel contexts")
+    p.add_argument("--queue-size", type=positive_int, default=16, help="admission queue length")
+    p.add_argument("--first-token-timeout", type=positive_duration, help="seconds")
+    p.add_argument("--total-timeout", type=positive_duration, help="seconds")
+    p.add_argument("--stall-timeout", type=positive_duration, help="seconds")
+    p.add_argument("--load-timeout", type=positive_duration, help="seconds")
+    p.add_argument(
+        "--keep-alive",
+        type=duration,
+        default=300.0,
+        help="seconds idle before unloading (0 = never)",
+    )
+    p.add_argument("--n-ctx", type=positive_int, default=4096, help="context window in tokens")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TOKENBELT_API_KEY"),
+        help="require this Bearer key (required when binding a non-loopback address)",
+    )
+    p.add_argument(
+        "--cors-origin", action="append", default=[], help="allow this browser origin (repeatable)"
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..runtime import Runtime
+    from ..server import ServerSettings, create_app
+
+    if not is_loopback(args.host) and not args.api_key:
+        fail(
+            f"binding {args.host} exposes the model to the network: "
+            "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
+            2,
+        )
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        capacity=args.capacity,
+        slots=args.slots,
+        queue_size=args.queue_size,
+        first_token_timeout=args.first_token_timeout,
+        total_timeout=args.total_timeout,
+        stall_timeout=args.stall_timeout,
+        api_key=args.api_key,
+        cors_origins=tuple(args.cors_origin),
+    )
+    runtime = Runtime(
+        slots=args.slots,
+        queue_size=args.queue_size,
+        capacity=args.capacity,
+        keep_alive=args.keep_alive or None,
+        n_ctx=args.n_ctx,
+    )
+    app = create_app(
+        runtime, settings, load=args.alias, load_options={"load_timeout": args.load_timeout}
+    )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    logger.info(
+        "serving %s at http://%s:%d (web chat at /, API at /v1, metrics at /metrics)",
+        args.alias,
+        args.host,
+        args.port,
+    )
+    server.run()
+    return 0

@@ -1,0 +1,21 @@
+"""Layer 4: loaded models, slots, the admission queue and chat sessions (the SDK)."""
+
+from ._model import Model, ModelState, sampling_from
+from ._runtime import DEFAULT_ALIAS, Runtime
+from ._scheduler import Scheduler, SchedulerStatistics
+from ._session import ChatSession
+from ._stream import Reply, Stream, Usage
+
+__all__ = [
+    "DEFAULT_ALIAS",
+    "ChatSession",
+    "Model",
+    "ModelState",
+    "Reply",
+    "Runtime",
+    "Scheduler",
+    "SchedulerStatistics",
+    "Stream",
+    "Usage",
+    "sampling_from",
+]

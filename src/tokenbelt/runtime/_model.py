@@ -1,0 +1,268 @@
+"""A loaded model: its slots, its admission queue, its lifecycle, and request submission."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._errors import IllegalState, InvalidArgument, ModelLoading, RuntimeClosed
+from ..belt import Belt, Limits, Observer, Trace, check_capacity, new_request_id
+from ..engines import Engine, GenerationRequest, Message, SamplingParams
+from ._scheduler import Scheduler, SchedulerStatistics
+from ._stream import Reply, Stream
+
+if TYPE_CHECKING:
+    from ._session import ChatSession
+
+logger = logging.getLogger("tokenbelt.runtime")
+
+SAMPLING_KEYS = frozenset(SamplingParams.__dataclass_fields__)
+
+
+class ModelState(enum.Enum):
+    """Where a model is in its life."""
+
+    #: the engines are being created (weights loading)
+    LOADING = "loading"
+    #: serving requests
+    READY = "ready"
+    #: unloaded after the keep-alive with no requests; the next request reloads it
+    IDLE_UNLOADED = "idle_unloaded"
+    #: closed for good: every request was released and the memory returned
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    ModelState.LOADING: {ModelState.READY, ModelState.CLOSED},
+    ModelState.READY: {ModelState.IDLE_UNLOADED, ModelState.CLOSED},
+    ModelState.IDLE_UNLOADED: {ModelState.LOADING, ModelState.CLOSED},
+    ModelState.CLOSED: set(),
+}
+
+
+def sampling_from(params: dict[str, Any], defaults: SamplingParams | None = None) -> SamplingParams:
+    """Build validated ``SamplingParams`` from OpenAI-named keyword arguments."""
+    unknown = set(params) - SAMPLING_KEYS
+    if unknown:
+        raise InvalidArgument(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
+    base = defaults or SamplingParams()
+    merged = {k: getattr(base, k) for k in SAMPLING_KEYS}
+    merged.update({k: v for k, v in params.items() if v is not None})
+    if isinstance(merged["stop"], str):
+        merged["stop"] = (merged["stop"],)
+    elif merged["stop"] is not None:
+        merged["stop"] = tuple(merged["stop"])
+    return SamplingParams(**merged)
+
+
+class Model:
+    """One model with ``slots`` engines and a bounded admission queue.
+
+    Created by ``Runtime.load()``. ``submit`` never blocks on generation: it
+    starts the request on a free slot or queues it, and returns a ``Stream``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        engine_factory: Callable[[], Sequence[Engine]],
+        *,
+        queue_size: int = 16,
+        capacity: int = 8,
+        limits: Limits | None = None,
+        keep_alive: float | None = 300.0,
+        observers: Sequence[Observer] = (),
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.capacity = check_capacity(capacity)
+        self.queue_size = check_capacity(queue_size, name="queue_size")
+        self.limits = limits or Limits()
+        self.keep_alive = keep_alive
+        self.info: dict[str, Any] = dict(info or {})
+        self._engine_factory = engine_factory
+        self._observers = list(observers)
+        self._lock = threading.RLock()
+        self._state = ModelState.LOADING
+        self._scheduler: Scheduler | None = None
+        self._idle_timer: threading.Timer | None = None
+        self.loaded_at: float | None = None
+        self._load()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ModelState:
+        return self._state
+
+    def _set_state(self, new: ModelState) -> None:
+        if new not in _TRANSITIONS[self._state]:
+            raise IllegalState(
+                f"model {self.name}: cannot go from {self._state.value} to {new.value}"
+            )
+        self._state = new
+
+    def _load(self) -> None:
+        started = time.monotonic()
+        engines = list(self._engine_factory())
+        with self._lock:
+            if self._state is ModelState.CLOSED:
+                for e in engines:
+                    e.close()
+                raise RuntimeClosed(f"model {self.name} was closed while loading")
+            self._scheduler = Scheduler(engines, queue_size=self.queue_size, on_idle=self._arm_idle)
+            self._state = ModelState.READY
+        self.loaded_at = time.monotonic()
+        self.info["load_s"] = round(self.loaded_at - started, 3)
+        logger.info("loaded %s in %.2f s", self.name, self.loaded_at - started)
+
+    @property
+    def engines(self) -> list[Engine]:
+        return list(self._scheduler.engines) if self._scheduler else []
+
+    @property
+    def context_length(self) -> int:
+        engines = self.engines
+        return engines[0].context_length if engines else int(self.info.get("context_length", 0))
+
+    def statistics(self) -> SchedulerStatistics:
+        if self._scheduler is None:
+            return SchedulerStatistics(0, 0, 0, self.queue_size, 0)
+        return self._scheduler.statistics()
+
+    def _arm_idle(self) -> None:
+        if self.keep_alive is None:
+            return
+        with self._lock:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            timer = threading.Timer(self.keep_alive, self._unload_if_idle)
+            timer.daemon = True
+            timer.name = f"tokenbelt-keepalive-{self.name}"
+            self._idle_timer = timer
+            timer.start()
+
+    def _unload_if_idle(self) -> None:
+        with self._lock:
+            sched = self._scheduler
+            if self._state is not ModelState.READY or sched is None:
+                return
+            stats = sched.statistics()
+            if stats.running or stats.queued:
+                return
+            self._set_state(ModelState.IDLE_UNLOADED)
+            self._scheduler = None
+        logger.info("unloading %s after %s s idle", self.name, self.keep_alive)
+        sched.close()
+        for engine in sched.engines:
+            engine.close()
+
+    def ensure_loaded(self) -> None:
+        """Reload the model if it was unloaded for being idle (blocking)."""
+        with self._lock:
+            if self._state is ModelState.READY:
+                return
+            if self._state is ModelState.CLOSED:
+                raise RuntimeClosed(f"model {self.name} is closed")
+            if self._state is ModelState.LOADING:
+                raise ModelLoading(f"model {self.name} is loading")
+            self._set_state(ModelState.LOADING)
+        try:
+            self._load()
+        except BaseException:
+            with self._lock:
+                state: ModelState = self._state
+                if state is not ModelState.CLOSED:
+                    self._state = ModelState.IDLE_UNLOADED
+            raise
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Cancel everything with ``shutdown``, wait for every release, then unload."""
+        with self._lock:
+            if self._state is ModelState.CLOSED:
+                return
+            self._state = ModelState.CLOSED
+            sched, self._scheduler = self._scheduler, None
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+        if sched is not None:
+            sched.close(timeout)
+            for engine in sched.engines:
+                engine.close()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        request: GenerationRequest,
+        *,
+        limits: Limits | None = None,
+        capacity: int | None = None,
+        request_id: str | None = None,
+        on_complete: Callable[[Stream], None] | None = None,
+    ) -> Stream:
+        """Queue ``request`` and return its ``Stream`` at once.
+
+        Raises ``PromptTooLong`` (before queueing), ``QueueFull`` when the
+        admission queue is full (the trace ends ``rejected``), ``RuntimeClosed``.
+        Deadlines in ``limits`` count from now (enqueue).
+        """
+        self.ensure_loaded()
+        sched = self._scheduler
+        if sched is None:
+            raise RuntimeClosed(f"model {self.name} is closed")
+        with self._lock:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+        prompt_tokens = sched.engines[0].count_prompt_tokens(request)
+        lim = limits or self.limits
+        trace = Trace(request_id or new_request_id(), model=self.name, observers=self._observers)
+        trace.prompt_tokens = prompt_tokens
+        belt: Belt[str] = Belt(
+            capacity if capacity is not None else self.capacity,
+            deadlines=lim.deadlines(trace.clock()),
+            trace=trace,
+        )
+        stream = Stream(belt, on_complete=on_complete)
+        sched.submit(request, belt)
+        return stream
+
+    def stream(
+        self,
+        messages: Sequence[Message] | None = None,
+        *,
+        prompt: str | None = None,
+        limits: Limits | None = None,
+        capacity: int | None = None,
+        **sampling: Any,
+    ) -> Stream:
+        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session."""
+        request = GenerationRequest(
+            messages=None if messages is None else tuple(messages),
+            prompt=prompt,
+            sampling=sampling_from(sampling),
+        )
+        return self.submit(request, limits=limits, capacity=capacity)
+
+    def complete(self, messages: Sequence[Message] | None = None, **kwargs: Any) -> Reply:
+        """Blocking ``stream(...).read()``."""
+        return self.stream(messages, **kwargs).read()
+
+    def chat(self, system: str | None = None, **defaults: Any) -> ChatSession:
+        """A chat session that keeps the conversation; usable with ``with``."""
+        from ._session import ChatSession
+
+        return ChatSession(self, system=system, **defaults)
+
+    def achat(self, system: str | None = None, **defaults: Any) -> ChatSession:
+        """The same session, meant for ``async with``."""
+        return self.chat(system, **defaults)
+
+    def __repr__(self) -> str:
+        return f"<Model {self.name} {self._state.value}>"

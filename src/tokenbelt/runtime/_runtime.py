@@ -1,0 +1,210 @@
+"""The runtime: the application's handle on every loaded model."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._errors import RuntimeClosed, UnknownModel
+from ..belt import Limits, Observer, check_capacity
+from ..engines import Engine, LlamaEngine
+from ._model import Model
+
+logger = logging.getLogger("tokenbelt.runtime")
+
+#: The alias of the embedded default model.
+DEFAULT_ALIAS = "smollm2-135m"
+
+
+class Runtime:
+    """Catalog, cache and loaded models; a context manager (sync and async).
+
+    Defaults given here apply to every model it loads: ``slots`` (separate
+    contexts, one request each), ``queue_size`` (the bounded admission queue),
+    ``capacity`` (belt length: how far generation may run ahead of a reader),
+    ``limits`` (deadlines) and ``keep_alive`` (seconds idle before a model is
+    unloaded; ``None`` keeps it). ``close()`` cancels everything with
+    ``shutdown``, waits for every release, then unloads.
+    """
+
+    def __init__(
+        self,
+        *,
+        slots: int = 1,
+        queue_size: int = 16,
+        capacity: int = 8,
+        limits: Limits | None = None,
+        keep_alive: float | None = 300.0,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.slots = check_capacity(slots, name="slots")
+        self.queue_size = check_capacity(queue_size, name="queue_size")
+        self.capacity = check_capacity(capacity)
+        self.limits = limits or Limits()
+        self.keep_alive = keep_alive
+        self.n_ctx = check_capacity(n_ctx, name="n_ctx")
+        self.n_threads = n_threads
+        self._observers: list[Observer] = list(observers)
+        self._models: dict[str, Model] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- observers ---------------------------------------------------------------------------
+
+    def subscribe(self, observer: Observer) -> None:
+        """Call ``observer`` for every lifecycle event of every later request."""
+        self._observers.append(observer)
+
+    # -- models ------------------------------------------------------------------------------
+
+    @property
+    def models(self) -> dict[str, Model]:
+        with self._lock:
+            return dict(self._models)
+
+    def get(self, name: str) -> Model:
+        """The loaded model called ``name``; ``UnknownModel`` lists the loaded ones."""
+        with self._lock:
+            model = self._models.get(name)
+            names = sorted(self._models)
+        if model is None:
+            close = difflib.get_close_matches(name, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UnknownModel(
+                f"no loaded model called {name!r} (loaded: {', '.join(names) or 'none'}){hint}"
+            )
+        return model
+
+    def _register(self, name: str, make: Callable[[], Model]) -> Model:
+        with self._lock:
+            if self._closed:
+                raise RuntimeClosed("the runtime is closed")
+            existing = self._models.get(name)
+        if existing is not None:
+            return existing
+        model = make()
+        with self._lock:
+            if self._closed:
+                model.close()
+                raise RuntimeClosed("the runtime is closed")
+            self._models[name] = model
+        return model
+
+    def add_engines(
+        self,
+        name: str,
+        engines: Callable[[], Sequence[Engine]] | Sequence[Engine],
+        *,
+        info: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Model:
+        """Register ready-made engines (a scripted engine, a custom one) as a model."""
+        factory = engines if callable(engines) else (lambda: list(engines))
+        return self._register(name, lambda: self._model(name, factory, info=info, **options))
+
+    def _model(self, name: str, factory: Callable[[], Sequence[Engine]], **options: Any) -> Model:
+        params: dict[str, Any] = {
+            "queue_size": self.queue_size,
+            "capacity": self.capacity,
+            "limits": self.limits,
+            "keep_alive": self.keep_alive,
+            "observers": self._observers,
+        }
+        params.update({k: v for k, v in options.items() if v is not None or k == "info"})
+        return Model(name, factory, **params)
+
+    def load(
+        self,
+        alias: str = DEFAULT_ALIAS,
+        *,
+        device: str | None = None,
+        slots: int | None = None,
+        load_timeout: float | None = None,
+        progress: Callable[[int, int | None], None] | None = None,
+        **options: Any,
+    ) -> Model:
+        """Resolve ``alias`` to a variant for this machine, fetch and verify it, load it.
+
+        Blocks while downloading and loading. ``load_timeout`` (or
+        ``limits.load``) bounds the load: ``LoadTimeout`` when it passes. An unknown
+        alias raises ``UnknownModel`` listing close matches; there is no fallback
+        to another model. A path to a ``.gguf`` file loads that file. Loading an
+        alias that is already loaded returns the loaded model.
+        """
+        n_slots = check_capacity(slots, name="slots") if slots is not None else self.slots
+        timeout = load_timeout if load_timeout is not None else self.limits.load
+        path, info = self._resolve(alias, device, progress)
+        name = Path(alias).stem if info.get("variant") == Path(alias).name else alias
+
+        def factory() -> list[Engine]:
+            return [
+                LlamaEngine.load(
+                    path,
+                    load_timeout=timeout,
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    name=name,
+                )
+                for _ in range(n_slots)
+            ]
+
+        return self._register(name, lambda: self._model(name, factory, info=info, **options))
+
+    def _resolve(
+        self,
+        alias: str,
+        device: str | None,
+        progress: Callable[[int, int | None], None] | None,
+    ) -> tuple[Path, dict[str, Any]]:
+        if alias.endswith(".gguf") and Path(alias).is_file():
+            return Path(alias), {"path": str(alias), "variant": Path(alias).name}
+        from ..models import resolve_and_fetch
+
+        resolved = resolve_and_fetch(alias, device=device, progress=progress)
+        return Path(resolved.path), {
+            "alias": resolved.alias,
+            "variant": resolved.variant,
+            "device": resolved.device,
+            "device_reason": resolved.device_reason,
+            "path": str(resolved.path),
+            "verified": resolved.verified,
+            "context_length": resolved.context_length,
+        }
+
+    def unload(self, name: str) -> None:
+        """Close one model: cancel its requests (``shutdown``), wait, free its memory."""
+        model = self.get(name)
+        with self._lock:
+            self._models.pop(name, None)
+        model.close()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel every request with ``shutdown``, wait for every release, unload all."""
+        with self._lock:
+            self._closed = True
+            models = list(self._models.values())
+            self._models.clear()
+        for model in models:
+            model.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.close)

@@ -1,0 +1,169 @@
+"""Slots and the bounded FIFO admission queue of one model.
+
+Each slot is one engine (one context) serving one request at a time, on a
+producer thread of its own. A request that finds no free slot waits in the queue;
+a full queue rejects at once. A queued request that is cancelled (or whose
+first-token deadline passes) leaves the queue immediately and is released.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .._errors import QueueFull, RuntimeClosed
+from ..belt import Belt, EndReason, check_capacity
+from ..engines import Engine, GenerationRequest
+
+logger = logging.getLogger("tokenbelt.runtime")
+
+
+@dataclass(frozen=True)
+class SchedulerStatistics:
+    """A snapshot: slots in use, requests waiting, and the queue's peak and size."""
+
+    slots: int
+    running: int
+    queued: int
+    queue_size: int
+    queue_peak: int
+
+
+class _Job:
+    __slots__ = ("belt", "request")
+
+    def __init__(self, request: GenerationRequest, belt: Belt[str]) -> None:
+        self.request = request
+        self.belt = belt
+
+
+class Scheduler:
+    """Hands requests to free slots in FIFO order; thread-safe."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        queue_size: int = 16,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("a scheduler needs at least one engine")
+        self.engines = list(engines)
+        self.queue_size = check_capacity(queue_size, name="queue_size")
+        self._on_idle = on_idle
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._free: list[Engine] = list(engines)
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._running: dict[int, _Job] = {}
+        self._queue_peak = 0
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+
+    def statistics(self) -> SchedulerStatistics:
+        with self._lock:
+            return SchedulerStatistics(
+                slots=len(self.engines),
+                running=len(self._running),
+                queued=len(self._queue),
+                queue_size=self.queue_size,
+                queue_peak=self._queue_peak,
+            )
+
+    def submit(self, request: GenerationRequest, belt: Belt[str]) -> None:
+        """Start ``request`` on a free slot, or queue it; never blocks on generation.
+
+        Raises ``QueueFull`` (the belt ends ``rejected`` and is released) when the
+        queue is full, and ``RuntimeClosed`` after ``close()``.
+        """
+        job = _Job(request, belt)
+        belt.trace.mark_enqueued()
+        with self._lock:
+            if self._closed:
+                raise RuntimeClosed("the model is closed")
+            if self._free:
+                self._start_locked(job, self._free.pop())
+                return
+            if len(self._queue) >= self.queue_size:
+                rejected = True
+            else:
+                rejected = False
+                self._queue.append(job)
+                self._queue_peak = max(self._queue_peak, len(self._queue))
+        if rejected:
+            belt.cancel(EndReason.REJECTED)
+            belt.release()
+            raise QueueFull(
+                f"the admission queue is full ({self.queue_size} waiting); try again later"
+            )
+        belt.on_cancel(lambda _reason: self._leave_queue(job))
+
+    def _leave_queue(self, job: _Job) -> None:
+        with self._lock:
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                return  # already admitted: the producer sees the cancel itself
+        job.belt.release()
+
+    def _start_locked(self, job: _Job, engine: Engine) -> None:
+        def target(belt: Belt[str]) -> EndReason:
+            return engine.generate(job.request, belt)
+
+        thread = threading.Thread(
+            target=job.belt.produce,
+            args=(target,),
+            kwargs={"on_exit": lambda: self._finished(job, engine)},
+            name=f"tokenbelt-{engine.name}-{job.belt.trace.request_id}",
+            daemon=True,
+        )
+        self._running[id(job)] = job
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
+
+    def _finished(self, job: _Job, engine: Engine) -> None:
+        """On the producer thread, after the engine let go: hand the slot on."""
+        idle = False
+        with self._lock:
+            self._running.pop(id(job), None)
+            while self._queue and not self._closed:
+                nxt = self._queue.popleft()
+                if nxt.belt.end_reason is None:
+                    self._start_locked(nxt, engine)
+                    break
+            else:
+                self._free.append(engine)
+            idle = not self._running and not self._queue
+            self._idle.notify_all()
+        if idle and self._on_idle is not None:
+            self._on_idle()
+
+    def cancel_all(self, reason: EndReason) -> None:
+        """Cancel every queued and running request with ``reason``."""
+        with self._lock:
+            jobs = list(self._queue) + list(self._running.values())
+        for job in jobs:
+            job.belt.cancel(reason)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request runs or waits; False if ``timeout`` passed first."""
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._running and not self._queue, timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Refuse new requests, cancel the rest with ``shutdown``, wait for every release."""
+        with self._lock:
+            self._closed = True
+        self.cancel_all(EndReason.SHUTDOWN)
+        if not self.wait_idle(timeout):
+            logger.warning("requests still running %s s after shutdown", timeout)
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout)

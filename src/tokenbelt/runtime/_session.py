@@ -1,0 +1,120 @@
+"""Chat sessions: a conversation kept across turns, with sync and async sending."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._errors import IllegalState, InvalidArgument
+from ..belt import Limits
+from ..engines import GenerationRequest, Message
+from ._stream import Reply, Stream
+
+if TYPE_CHECKING:
+    from ._model import Model
+
+
+class ChatSession:
+    """A conversation with one model.
+
+    A turn joins the history only when it ends naturally (``stop`` or
+    ``length``) and was read to the end; a cancelled, timed-out or failed turn
+    leaves the history as it was. One turn runs at a time. Keyword arguments
+    given here are default sampling parameters for every turn.
+    """
+
+    def __init__(self, model: Model, *, system: str | None = None, **defaults: Any) -> None:
+        from ._model import sampling_from
+
+        self.model = model
+        self.conversation_id = "conv_" + secrets.token_hex(8)
+        self.messages: list[Message] = []
+        if system is not None:
+            self.messages.append({"role": "system", "content": system})
+        self._defaults = sampling_from(defaults)
+        self._lock = threading.Lock()
+        self._active: Stream | None = None
+
+    @property
+    def history(self) -> list[Message]:
+        """A copy of the conversation so far."""
+        return [dict(m) for m in self.messages]  # type: ignore[misc]
+
+    def _commit(self, user: Message) -> Any:
+        def on_complete(stream: Stream) -> None:
+            with self._lock:
+                self.messages.append(user)
+                self.messages.append({"role": "assistant", "content": stream.text})
+
+        return on_complete
+
+    def stream(
+        self,
+        text: str,
+        *,
+        limits: Limits | None = None,
+        capacity: int | None = None,
+        **sampling: Any,
+    ) -> Stream:
+        """Send ``text`` and return the reply's ``Stream`` at once (sync or async use).
+
+        Raises ``IllegalState`` while the previous turn's stream is still running.
+        """
+        from ._model import sampling_from
+
+        if not isinstance(text, str):
+            raise InvalidArgument(f"a chat turn is a string, got {type(text).__name__}")
+        with self._lock:
+            if self._active is not None and self._active.end_reason is None:
+                raise IllegalState("the previous turn is still running; cancel or finish it")
+            user: Message = {"role": "user", "content": text}
+            request = GenerationRequest(
+                messages=(*self.messages, user),
+                sampling=sampling_from(sampling, self._defaults),
+                conversation_id=self.conversation_id,
+            )
+        stream = self.model.submit(
+            request, limits=limits, capacity=capacity, on_complete=self._commit(user)
+        )
+        self._active = stream
+        return stream
+
+    def astream(self, text: str, **kwargs: Any) -> Stream:
+        """``stream()`` for ``async for``; the same ``Stream`` object serves both."""
+        return self.stream(text, **kwargs)
+
+    def send(self, text: str, **kwargs: Any) -> Reply:
+        """Send ``text`` and block until the reply ends; Ctrl-C cancels the turn."""
+        return self.stream(text, **kwargs).read()
+
+    async def asend(self, text: str, **kwargs: Any) -> Reply:
+        """Async ``send()``; cancelling the task cancels the turn."""
+        return await self.stream(text, **kwargs).aread()
+
+    def undo(self) -> list[Message]:
+        """Remove the last completed turn (user message and reply); returns it."""
+        with self._lock:
+            for i in range(len(self.messages) - 1, -1, -1):
+                if self.messages[i]["role"] == "user":
+                    removed = self.messages[i:]
+                    del self.messages[i:]
+                    return removed
+        return []
+
+    def close(self) -> None:
+        """Cancel the running turn, if any (``user_cancel``)."""
+        if self._active is not None:
+            self._active.close()
+
+    def __enter__(self) -> ChatSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ChatSession:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,232 @@
+"""The consumer's handle on one request: a sync and async iterator of text pieces."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import EndOfStream, IllegalState
+from ..belt import Belt, BeltStatistics, EndReason, Trace
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request, as in the OpenAI API."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A finished request: its text, usage, trace and end reason."""
+
+    text: str
+    usage: Usage
+    trace: Trace
+    end_reason: EndReason
+
+    @property
+    def finish_reason(self) -> str:
+        """The OpenAI-style finish reason: ``stop``, ``length`` or ``cancelled``."""
+        return self.end_reason.openai_finish_reason
+
+
+class Stream:
+    """Text pieces of one request as they are generated.
+
+    Iterate it with ``for`` or ``async for`` (or both in turn). Reading applies
+    backpressure: generation runs at most ``capacity`` pieces ahead of you.
+    Leaving the loop early (``break``), ``close()``/``aclose()`` or ``cancel()``
+    stops the model with ``user_cancel``; ``cancel(reason)`` is idempotent and
+    safe from any thread or task. The loop ends quietly for every end reason but
+    ``runtime_error``, which raises the engine's own exception; look at
+    ``end_reason`` to know why it ended.
+    """
+
+    def __init__(
+        self,
+        belt: Belt[str],
+        *,
+        on_complete: Callable[[Stream], None] | None = None,
+    ) -> None:
+        self._belt = belt
+        self._pieces: list[str] = []
+        self._on_complete = on_complete
+        self._completed = False
+
+    # -- what it is --------------------------------------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        return self._belt.trace.request_id
+
+    @property
+    def trace(self) -> Trace:
+        """The request's timeline, counters and end reason (live while it runs)."""
+        return self._belt.trace
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        return self._belt.end_reason
+
+    @property
+    def text(self) -> str:
+        """Everything read so far."""
+        return "".join(self._pieces)
+
+    @property
+    def usage(self) -> Usage:
+        t = self._belt.trace
+        return Usage(prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens)
+
+    def statistics(self) -> BeltStatistics:
+        """The belt's fill, peak, produced and consumed counts."""
+        return self._belt.statistics()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _got(self, piece: str) -> None:
+        self._pieces.append(piece)
+
+    def _ended(self) -> None:
+        reason = self._belt.end_reason
+        if not self._completed and reason is not None and reason.is_natural:
+            self._completed = True
+            if self._on_complete is not None:
+                self._on_complete(self)
+
+    def __iter__(self) -> Iterator[str]:
+        reader = iter(self._belt)
+        try:
+            while True:
+                try:
+                    piece = next(reader)
+                except StopIteration:
+                    self._ended()
+                    return
+                if piece:
+                    self._got(piece)
+                    yield piece
+        finally:
+            reader.close()
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return _AsyncPieces(self)
+
+    def read(self) -> Reply:
+        """Read to the end (blocking) and return the ``Reply``.
+
+        A ``KeyboardInterrupt`` (or any exception) while waiting cancels the
+        request with ``user_cancel`` before it propagates.
+        """
+        try:
+            for _ in self:
+                pass
+        except BaseException:
+            self.cancel()
+            raise
+        return self.reply()
+
+    async def aread(self) -> Reply:
+        """Async ``read()``; a cancelled task cancels the request too."""
+        try:
+            async for _ in self:
+                pass
+        except BaseException:
+            self.cancel()
+            raise
+        return self.reply()
+
+    def reply(self) -> Reply:
+        """What was read so far, as a ``Reply`` (``end_reason`` must be known)."""
+        reason = self._belt.end_reason
+        if reason is None:
+            raise IllegalState("the stream has not ended yet; read it first")
+        return Reply(text=self.text, usage=self.usage, trace=self.trace, end_reason=reason)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def cancel(self, reason: EndReason = EndReason.USER_CANCEL) -> bool:
+        """Stop the request; returns True if this call ended it. Never blocks."""
+        return self._belt.cancel(reason)
+
+    def close(self) -> None:
+        self._belt.close()
+
+    async def aclose(self) -> None:
+        self._belt.close()
+
+    def wait_released(self, timeout: float | None = None) -> bool:
+        """Block until the engine let go of the request (slot free)."""
+        return self._belt.wait_released(timeout)
+
+    async def await_released(self, timeout: float | None = None) -> bool:
+        return await self._belt.await_released(timeout)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._belt.close()
+
+    def __repr__(self) -> str:
+        reason = self.end_reason.value if self.end_reason else None
+        return f"<Stream {self.request_id} end_reason={reason!r}>"
+
+
+class _AsyncPieces:
+    """The async iterator of a ``Stream``; dropping it early cancels (``user_cancel``)."""
+
+    __slots__ = ("_done", "_stream")
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self._done = False
+
+    def __aiter__(self) -> _AsyncPieces:
+        return self
+
+    async def __anext__(self) -> str:
+        belt = self._stream._belt
+        while True:
+            try:
+                piece = await belt.aget()
+            except EndOfStream:
+                self._done = True
+                self._stream._ended()
+                raise StopAsyncIteration from None
+            if piece:
+                self._stream._got(piece)
+                return piece
+
+    async def aclose(self) -> None:
+        self._stream.close()
+
+    def __del__(self) -> None:
+        if not self._done:
+            with contextlib.suppress(Exception):
+                self._stream._belt.close()

@@ -1,0 +1,6 @@
+"""Layer 5: the OpenAI-compatible HTTP service and the web page it serves."""
+
+from ._app import create_app
+from ._state import ServerSettings
+
+__all__ = ["ServerSettings", "create_app"]

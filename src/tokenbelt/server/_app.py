@@ -1,0 +1,331 @@
+"""The OpenAI-compatible HTTP service: routes that translate, and hold no generation logic."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Query
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from .. import __version__
+from .._errors import InvalidArgument
+from ..belt import EndReason
+from ..engines import GenerationRequest, Message
+from ..runtime import Model, Runtime, Stream, sampling_from
+from . import _errors
+from ._errors import compact_json, error_response
+from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from ._responses import DeferredResponse, EventStreamResponse
+from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from ._state import ServerSettings, ServerState
+
+STATIC = Path(__file__).parent / "static"
+RELEASE_WAIT_S = 2.0
+
+
+class _Asgi(Response):
+    """Lets a route return one of our ASGI callables as a starlette ``Response``."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Any]) -> None:
+        self.app = app
+        self.background = None
+        self.status_code = 200
+        self.raw_headers = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
+    return tuple({"role": m.role, "content": m.content} for m in body.messages)
+
+
+def _prompt(body: CompletionRequest) -> str:
+    if isinstance(body.prompt, str):
+        return body.prompt
+    if len(body.prompt) != 1:
+        raise InvalidArgument("prompt must be one string (a list must hold exactly one)")
+    return body.prompt[0]
+
+
+def _tokenbelt_final(stream: Stream) -> dict[str, Any]:
+    reason = stream.end_reason or EndReason.RUNTIME_ERROR
+    return {"end_reason": reason.value, "trace": stream.trace.to_dict()}
+
+
+def create_app(
+    runtime: Runtime,
+    settings: ServerSettings | None = None,
+    *,
+    load: str | None = None,
+    load_options: dict[str, Any] | None = None,
+    close_runtime: bool = True,
+) -> FastAPI:
+    """Build the app over ``runtime``; with ``load``, that alias loads in the background.
+
+    Leaving the app's lifespan closes the runtime (``shutdown`` for every request)
+    unless ``close_runtime`` is False.
+    """
+    settings = settings or ServerSettings()
+    state = ServerState(runtime, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if load is not None:
+            state.load_in_background(load, **(load_options or {}))
+        yield
+        if close_runtime:
+            await anyio.to_thread.run_sync(runtime.close)
+
+    app = FastAPI(
+        title="tokenbelt",
+        version=__version__,
+        summary="A local OpenAI-compatible LLM service whose stops reach the decode loop.",
+        lifespan=lifespan,
+    )
+    app.state.tokenbelt = state
+    _errors.install(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=["x-request-id", "x-tokenbelt-trace"],
+        )
+    if STATIC.is_dir():
+        app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    # -- pages and probes ---------------------------------------------------------------------
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        page = STATIC / "index.html"
+        if not page.is_file():
+            return JSONResponse({"tokenbelt": __version__, "docs": "/docs"})
+        return FileResponse(page)
+
+    @app.get("/health", summary="Liveness and model readiness")
+    async def health() -> dict[str, Any]:
+        models = {name: m.state.value for name, m in runtime.models.items()}
+        loads = {a: s.to_dict() for a, s in state.loads.items()}
+        ready = bool(models) and all(v == "ready" for v in models.values())
+        return {"status": "ok" if ready else "loading", "models": models, "loads": loads}
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        state.metrics.refresh_gauges()
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", summary="Models this server knows, loaded or loading")
+    async def list_models() -> dict[str, Any]:
+        data = []
+        loaded = runtime.models
+        for name in state.model_names():
+            model = loaded.get(name)
+            status = state.loads.get(name)
+            entry: dict[str, Any] = {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "tokenbelt",
+                "tokenbelt": {
+                    "loaded": model is not None,
+                    "cached": True,
+                    "state": model.state.value if model else (status.state if status else None),
+                    "load": status.to_dict() if status else None,
+                    "context_length": model.context_length if model else None,
+                    "slots": model.statistics().slots if model else None,
+                    "info": model.info if model else {},
+                },
+            }
+            data.append(entry)
+        return {"object": "list", "data": data}
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def _submit(model: Model, body: _Sampling, request: GenerationRequest) -> Stream:
+        options = body.tokenbelt
+        stream = await anyio.to_thread.run_sync(
+            partial(
+                model.submit,
+                request,
+                limits=state.limits_for(options),
+                capacity=(options.capacity if options else None) or settings.capacity,
+            )
+        )
+        state.track(stream)
+        return stream
+
+    async def _events(
+        stream: Stream, model: str, obj: str, include_usage: bool, chat: bool
+    ) -> AsyncIterator[object]:
+        base = {"id": stream.request_id, "object": obj, "created": int(time.time()), "model": model}
+        first = True
+        error: str | None = None
+        try:
+            async for piece in stream:
+                if chat:
+                    delta: dict[str, Any] = {"content": piece}
+                    if first:
+                        delta["role"] = "assistant"
+                    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+                else:
+                    choice = {"index": 0, "text": piece, "finish_reason": None}
+                first = False
+                stats = stream.statistics()
+                yield {
+                    **base,
+                    "choices": [choice],
+                    "tokenbelt": {
+                        "buffered": stats.buffered,
+                        "capacity": stats.capacity,
+                        "completion_tokens": stream.trace.completion_tokens,
+                    },
+                }
+        except Exception as exc:  # the engine failed: say so in the stream, then end it
+            error = f"{type(exc).__name__}: {exc}"
+        await stream.await_released(RELEASE_WAIT_S)
+        reason = stream.end_reason or EndReason.RUNTIME_ERROR
+        last: dict[str, Any] = {"index": 0, "finish_reason": reason.openai_finish_reason}
+        if chat:
+            last["delta"] = {}
+        else:
+            last["text"] = ""
+        final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": _tokenbelt_final(stream)}
+        if error is not None:
+            final["error"] = _errors.error_body(error, "server_error", "runtime_error")["error"]
+        yield final
+        if include_usage:
+            yield {**base, "choices": [], "usage": stream.usage.to_dict()}
+        yield "[DONE]"
+
+    def _answer(stream: Stream, render: Callable[[Stream], dict[str, Any]]) -> Response:
+        headers = {"x-request-id": stream.request_id}
+
+        async def compute() -> Response:
+            try:
+                reply = await stream.aread()
+            except Exception as exc:
+                await stream.await_released(RELEASE_WAIT_S)
+                headers["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
+                return error_response(
+                    500,
+                    f"generation failed: {exc}",
+                    "server_error",
+                    "runtime_error",
+                    headers=headers,
+                    extra={"tokenbelt": _tokenbelt_final(stream)},
+                )
+            await stream.await_released(RELEASE_WAIT_S)
+            headers["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
+            reason = reply.end_reason
+            if reason.is_timeout:
+                return error_response(
+                    504,
+                    f"the request ended with {reason.value}",
+                    "timeout",
+                    reason.value,
+                    headers=headers,
+                    extra={"tokenbelt": _tokenbelt_final(stream)},
+                )
+            if reason is EndReason.SHUTDOWN:
+                return error_response(
+                    503,
+                    "the server is shutting down",
+                    "service_unavailable",
+                    reason.value,
+                    headers=headers,
+                    extra={"tokenbelt": _tokenbelt_final(stream)},
+                )
+            return JSONResponse(render(stream), headers=headers)
+
+        return _Asgi(DeferredResponse(stream, compute))
+
+    def _respond(stream: Stream, body: _Sampling, model: Model, chat: bool) -> Response:
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            events = _events(stream, model.name, obj, include_usage, chat)
+            return _Asgi(EventStreamResponse(stream, events, {"x-request-id": stream.request_id}))
+
+        def render(s: Stream) -> dict[str, Any]:
+            reason = s.end_reason or EndReason.RUNTIME_ERROR
+            if chat:
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": s.text},
+                    "finish_reason": reason.openai_finish_reason,
+                }
+            else:
+                choice = {"index": 0, "text": s.text, "finish_reason": reason.openai_finish_reason}
+            return {
+                "id": s.request_id,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model.name,
+                "choices": [choice],
+                "usage": s.usage.to_dict(),
+                "tokenbelt": _tokenbelt_final(s),
+            }
+
+        return _answer(stream, render)
+
+    @app.post("/v1/chat/completions", summary="Chat completion (streaming with stream=true)")
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        model = state.model_for(body.model)
+        request = GenerationRequest(
+            messages=_messages(body), sampling=sampling_from(body.sampling())
+        )
+        stream = await _submit(model, body, request)
+        return _respond(stream, body, model, chat=True)
+
+    @app.post("/v1/completions", summary="Text completion from a raw prompt")
+    async def completions(body: CompletionRequest) -> Response:
+        model = state.model_for(body.model)
+        request = GenerationRequest(prompt=_prompt(body), sampling=sampling_from(body.sampling()))
+        stream = await _submit(model, body, request)
+        return _respond(stream, body, model, chat=False)
+
+    @app.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")
+    async def cancel(request_id: str) -> JSONResponse:
+        stream = state.active(request_id)
+        if stream is None:
+            trace = state.trace(request_id)
+            if trace is None:
+                return error_response(
+                    404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
+                )
+            reason = trace.end_reason.value if trace.end_reason else None
+            return JSONResponse({"id": request_id, "cancelled": False, "end_reason": reason})
+        cancelled = stream.cancel(EndReason.USER_CANCEL)
+        reason = stream.end_reason.value if stream.end_reason else None
+        return JSONResponse({"id": request_id, "cancelled": cancelled, "end_reason": reason})
+
+    @app.get("/v1/requests", summary="Recent requests, newest first, with their traces")
+    async def recent(limit: int = Query(50, ge=1, le=1000)) -> dict[str, Any]:
+        return {"object": "list", "data": [t.to_dict() for t in state.recent(limit)]}
+
+    @app.get("/v1/requests/{request_id}", summary="One request's trace")
+    async def one(request_id: str) -> JSONResponse:
+        trace = state.trace(request_id)
+        if trace is None:
+            return error_response(
+                404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
+            )
+        return JSONResponse(trace.to_dict())
+
+    return app

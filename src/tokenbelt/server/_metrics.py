@@ -1,0 +1,122 @@
+"""Prometheus series and the one-JSON-line-per-request log, fed by trace events.
+
+Series follow Prometheus naming (base units, ``_seconds``, ``_total``). Each app
+has its own registry, so two servers in one process never share counters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..belt import EndReason, TraceEvent
+from ..runtime import SchedulerStatistics
+
+request_log = logging.getLogger("tokenbelt.requests")
+
+# Seconds; fine at the low end, where cancel-to-release and token gaps live.
+_FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """Turns trace events into Prometheus series and request log lines."""
+
+    def __init__(self, stats: Callable[[], dict[str, SchedulerStatistics]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_time = Histogram(
+            "tokenbelt_queue_time_seconds",
+            "Time from enqueue to admission.",
+            ["model"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokenbelt_time_to_first_token_seconds",
+            "Time from enqueue to the first token (queue wait included).",
+            ["model"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tokenbelt_inter_token_latency_seconds",
+            "Mean gap between tokens of one request (observed once per request).",
+            ["model"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tokenbelt_e2e_request_latency_seconds",
+            "Time from enqueue to release.",
+            ["model"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.cancel_to_release = Histogram(
+            "tokenbelt_cancel_to_release_seconds",
+            "Time from a stop (cancel, disconnect, deadline) to the engine's release.",
+            ["model"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.requests = Counter(
+            "tokenbelt_requests",
+            "Finished requests by end reason.",
+            ["model", "end_reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "tokenbelt_prompt_tokens", "Prompt tokens processed.", ["model"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "tokenbelt_completion_tokens", "Completion tokens generated.", ["model"], registry=r
+        )
+        self.release_lag = Counter(
+            "tokenbelt_release_lag_alerts",
+            "Requests released more than the threshold after they were asked to stop.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "tokenbelt_queue_depth", "Requests waiting for a slot.", ["model"], registry=r
+        )
+        self.running = Gauge(
+            "tokenbelt_running_requests", "Requests holding a slot.", ["model"], registry=r
+        )
+        self._stats = stats
+
+    def refresh_gauges(self) -> None:
+        """Read queue depth and running requests from the schedulers (at scrape time)."""
+        for name, s in self._stats().items():
+            self.queue_depth.labels(name).set(s.queued)
+            self.running.labels(name).set(s.running)
+
+    def observe(self, event: TraceEvent) -> None:
+        """A trace observer: count a request once, at its release."""
+        if event.kind == "release_lag":
+            self.release_lag.labels(event.trace.model or "").inc()
+            return
+        if event.kind != "released":
+            return
+        t = event.trace
+        model = t.model or ""
+        reason = t.end_reason or EndReason.RUNTIME_ERROR
+        self.requests.labels(model, reason.value).inc()
+        self.prompt_tokens.labels(model).inc(t.prompt_tokens)
+        self.completion_tokens.labels(model).inc(t.completion_tokens)
+        for hist, value in (
+            (self.queue_time, t.queue_wait),
+            (self.ttft, t.time_to_first_token),
+            (self.e2e, t.end_to_end),
+            (self.cancel_to_release, t.cancel_to_release),
+        ):
+            if value is not None:
+                hist.labels(model).observe(value)
+        rate = t.decode_rate
+        if rate:
+            self.itl.labels(model).observe(1.0 / rate)
+        request_log.info("%s", json.dumps({"event": "request", **t.to_dict()}))

@@ -1,0 +1,83 @@
+"""Request bodies of the OpenAI-compatible API, validated with pydantic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Long enough for any real use, short enough that a typo is caught.
+MAX_TIMEOUT_S = 3600.0
+
+
+class TokenbeltOptions(BaseModel):
+    """tokenbelt's extension object: per-request deadlines and belt capacity."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    first_token_timeout: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="seconds from enqueue to the first token"
+    )
+    total_timeout: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="seconds from enqueue to the end"
+    )
+    stall_timeout: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="longest gap between two tokens, seconds"
+    )
+    capacity: int | None = Field(
+        None, ge=1, le=1024, description="how many tokens generation may run ahead of the reader"
+    )
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = Field(None, description="a loaded model's alias; default: the first")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=100_000)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0, le=10)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    stop: str | list[str] | None = Field(None, max_length=16)
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    tokenbelt: TokenbeltOptions | None = None
+
+    def sampling(self) -> dict[str, object]:
+        """The sampling keyword arguments the runtime takes (None = its default)."""
+        stop = self.stop
+        return {
+            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
+            "seed": self.seed,
+            "stop": [stop] if isinstance(stop, str) else stop,
+        }
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] = Field(description="one prompt (a list must hold exactly one)")

@@ -1,0 +1,169 @@
+"""What the HTTP service keeps between requests: models, load status, live and recent requests."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ModelLoading, TokenbeltError, UnknownModel
+from ..belt import Limits, Trace, TraceEvent
+from ..runtime import Model, Runtime, Stream
+from ._metrics import Metrics
+from ._schemas import TokenbeltOptions
+
+logger = logging.getLogger("tokenbelt.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How ``tokenbelt serve`` runs; every field has a safe default."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    capacity: int = 8
+    slots: int = 1
+    queue_size: int = 16
+    first_token_timeout: float | None = None
+    total_timeout: float | None = None
+    stall_timeout: float | None = None
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 1 << 20
+    recent_requests: int = 200
+    retry_after_s: int = 1
+
+    def default_limits(self) -> Limits:
+        return Limits(
+            first_token=self.first_token_timeout,
+            total=self.total_timeout,
+            stall=self.stall_timeout,
+        )
+
+
+@dataclass
+class LoadStatus:
+    """Where loading one model stands, for 503 answers and the web page."""
+
+    alias: str
+    state: str = "loading"  # loading | ready | failed
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        end = self.finished if self.finished is not None else time.monotonic()
+        return {
+            "state": self.state,
+            "error": self.error,
+            "elapsed_s": round(end - self.started, 3),
+        }
+
+
+class ServerState:
+    """Shared by every request of one app; thread-safe."""
+
+    def __init__(self, runtime: Runtime, settings: ServerSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.loads: dict[str, LoadStatus] = {}
+        self._lock = threading.Lock()
+        self._active: dict[str, Stream] = {}
+        self._recent: collections.OrderedDict[str, Trace] = collections.OrderedDict()
+        self.metrics = Metrics(lambda: {name: m.statistics() for name, m in runtime.models.items()})
+        runtime.subscribe(self.metrics.observe)
+        runtime.subscribe(self._remember)
+
+    # -- models ------------------------------------------------------------------------------
+
+    def load_in_background(self, alias: str, **options: Any) -> threading.Thread:
+        """Start loading ``alias``; requests for it get 503 until it is ready."""
+        status = LoadStatus(alias)
+        self.loads[alias] = status
+
+        def run() -> None:
+            try:
+                self.runtime.load(alias, **options)
+            except TokenbeltError as exc:
+                status.state, status.error = "failed", str(exc)
+                logger.error("loading %s failed: %s", alias, exc)
+            except Exception as exc:  # a native or unexpected failure: report, don't crash
+                status.state, status.error = "failed", f"{type(exc).__name__}: {exc}"
+                logger.exception("loading %s failed", alias)
+            else:
+                status.state = "ready"
+                logger.info("model %s is ready", alias)
+            finally:
+                status.finished = time.monotonic()
+
+        thread = threading.Thread(target=run, name=f"tokenbelt-load-{alias}", daemon=True)
+        thread.start()
+        return thread
+
+    def model_names(self) -> list[str]:
+        names = list(self.runtime.models)
+        names += [a for a in self.loads if a not in names]
+        return names
+
+    def model_for(self, name: str | None) -> Model:
+        """The model a request names (or the default); raises 404/503-mapped errors."""
+        models = self.runtime.models
+        if name is None or name == "":
+            if models:
+                return next(iter(models.values()))
+            loading = [s for s in self.loads.values() if s.state == "loading"]
+            if loading:
+                raise ModelLoading(f"model {loading[0].alias} is still loading")
+            raise UnknownModel("no model is loaded on this server")
+        if name in models:
+            return models[name]
+        status = self.loads.get(name)
+        if status is not None and status.state == "loading":
+            raise ModelLoading(f"model {name} is still loading")
+        if status is not None and status.state == "failed":
+            raise UnknownModel(f"model {name} failed to load: {status.error}")
+        available = ", ".join(self.model_names()) or "none"
+        raise UnknownModel(f"unknown model {name!r}; available: {available}")
+
+    def limits_for(self, options: TokenbeltOptions | None) -> Limits:
+        base = self.settings.default_limits()
+        if options is None:
+            return base
+        return Limits(
+            first_token=options.first_token_timeout or base.first_token,
+            total=options.total_timeout or base.total,
+            stall=options.stall_timeout or base.stall,
+        )
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def track(self, stream: Stream) -> None:
+        with self._lock:
+            if stream.trace.released is None:
+                self._active[stream.request_id] = stream
+
+    def _remember(self, event: TraceEvent) -> None:
+        trace = event.trace
+        with self._lock:
+            if event.kind == "enqueued":
+                self._recent[trace.request_id] = trace
+                while len(self._recent) > self.settings.recent_requests:
+                    self._recent.popitem(last=False)
+            elif event.kind == "released":
+                self._active.pop(trace.request_id, None)
+
+    def active(self, request_id: str) -> Stream | None:
+        with self._lock:
+            return self._active.get(request_id)
+
+    def trace(self, request_id: str) -> Trace | None:
+        with self._lock:
+            return self._recent.get(request_id)
+
+    def recent(self, limit: int) -> list[Trace]:
+        with self._lock:
+            traces = list(self._recent.values())
+        return traces[-limit:][::-1]
