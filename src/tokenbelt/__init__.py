@@ -34,15 +34,28 @@ from ._errors import (
 )
 from .belt import Belt, BeltStatistics, EndReason, Limits, Trace, TraceEvent
 from .engines import GenerationRequest, LlamaEngine, SamplingParams, ScriptedEngine
+from .runtime import (
+    DEFAULT_ALIAS,
+    ChatSession,
+    Model,
+    ModelState,
+    Reply,
+    Runtime,
+    SchedulerStatistics,
+    Stream,
+    Usage,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_ALIAS",
     "AdmissionError",
     "Belt",
     "BeltStatistics",
     "Cancelled",
     "CatalogError",
+    "ChatSession",
     "DecodeError",
     "DownloadCancelled",
     "DownloadError",
@@ -56,17 +69,24 @@ __all__ = [
     "Limits",
     "LlamaEngine",
     "LoadTimeout",
+    "Model",
     "ModelError",
     "ModelLoadError",
     "ModelLoading",
+    "ModelState",
     "PromptTooLong",
     "QueueFull",
+    "Reply",
+    "Runtime",
     "RuntimeClosed",
     "SamplingParams",
+    "SchedulerStatistics",
     "ScriptedEngine",
+    "Stream",
     "TokenbeltError",
     "Trace",
     "TraceEvent",
     "UnknownModel",
+    "Usage",
     "__version__",
 ]

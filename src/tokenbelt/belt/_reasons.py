@@ -46,9 +46,17 @@ class EndReason(enum.StrEnum):
 
     @property
     def openai_finish_reason(self) -> str:
-        """The closest OpenAI ``finish_reason``: ``stop``, ``length`` or ``cancelled``."""
+        """The ``finish_reason`` for OpenAI-style answers.
+
+        ``stop``/``length`` for natural ends, ``timeout`` for deadlines, ``error`` for
+        ``runtime_error``, ``cancelled`` for every stop; the exact reason travels beside it.
+        """
         if self.is_natural:
             return self.value
+        if self.is_timeout:
+            return "timeout"
+        if self is EndReason.RUNTIME_ERROR:
+            return "error"
         return "cancelled"
 
 

@@ -41,7 +41,7 @@ class Reply:
 
     @property
     def finish_reason(self) -> str:
-        """The OpenAI-style finish reason: ``stop``, ``length`` or ``cancelled``."""
+        """The OpenAI-style finish reason (see ``EndReason.openai_finish_reason``)."""
         return self.end_reason.openai_finish_reason
 
 
