@@ -1,5 +1,45 @@
-"""Layer 3: catalog, alias to variant resolution, download cache, probe."""
+"""Layer 3: catalog, alias to variant resolution, download cache, probe.
 
+The runtime's entry point is ``resolve_and_fetch(alias)``: it returns a verified local
+file (``ResolvedModel``) or raises; a corrupt or truncated file is never returned.
+"""
+
+from ._cache import ModelCache
+from ._catalog import DEVICES, Catalog, ModelEntry, Variant
+from ._device import DeviceInfo, detect_device
+from ._download import DownloadResult, DownloadTimeouts, download
 from ._embedded import default_model_path, distribution_file
+from ._home import Home
+from ._registry import GGUFInfo, add_model, forget_model, read_gguf_info
+from ._resolve import DEFAULT_ALIAS, Choice, ResolvedModel, choose_variant, resolve_and_fetch
+from ._sources import DistributionSource, HuggingFaceSource, PathSource, Source, UrlSource
 
-__all__ = ["default_model_path", "distribution_file"]
+__all__ = [
+    "DEFAULT_ALIAS",
+    "DEVICES",
+    "Catalog",
+    "Choice",
+    "DeviceInfo",
+    "DistributionSource",
+    "DownloadResult",
+    "DownloadTimeouts",
+    "GGUFInfo",
+    "Home",
+    "HuggingFaceSource",
+    "ModelCache",
+    "ModelEntry",
+    "PathSource",
+    "ResolvedModel",
+    "Source",
+    "UrlSource",
+    "Variant",
+    "add_model",
+    "choose_variant",
+    "default_model_path",
+    "detect_device",
+    "distribution_file",
+    "download",
+    "forget_model",
+    "read_gguf_info",
+    "resolve_and_fetch",
+]

@@ -1,0 +1,148 @@
+"""The Hugging Face source, through ``huggingface_hub``: its cache, its locks, its resume.
+
+``HF_ENDPOINT`` is read when a download starts (``huggingface_hub`` reads it once at
+import), and ``HF_HUB_OFFLINE``/``HF_HOME`` are honoured by the library. Progress and
+cancellation ride on the progress-bar class the library accepts: each ``update()``
+reports the bytes and raises once ``cancel`` is set. Whether the partial file survives
+a cancel is the library's choice: recent ``huggingface_hub`` releases download to a
+per-process temporary file and delete it on failure, so the next pull starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from .._errors import DownloadCancelled, DownloadError
+from ._download import FREE_SPACE_HEADROOM, ProgressCallback
+from ._sources import HuggingFaceSource
+
+
+class _HubCancelled(Exception):
+    """Raised from the progress bar to unwind ``hf_hub_download`` on a cancel."""
+
+
+def _progress_bar_class(
+    name: str, size: int, progress: ProgressCallback | None, cancel: threading.Event | None
+) -> type:
+    class ProgressBridge:
+        """Quacks like the ``tqdm`` bar ``huggingface_hub`` drives."""
+
+        def __init__(self, *_args: Any, initial: int = 0, **_kwargs: Any) -> None:
+            self.n = initial
+
+        def __enter__(self) -> ProgressBridge:
+            return self
+
+        def __exit__(self, *_exc: object) -> None:
+            return None
+
+        def update(self, n: int | float = 1) -> None:
+            self.n += int(n)
+            if progress is not None:
+                progress(self.n, size)
+            if cancel is not None and cancel.is_set():
+                raise _HubCancelled
+
+        def close(self) -> None:
+            return None
+
+        def refresh(self, *_args: Any, **_kwargs: Any) -> None:
+            return None
+
+        def set_description(self, *_args: Any, **_kwargs: Any) -> None:
+            return None
+
+    return ProgressBridge
+
+
+def cached_path(src: HuggingFaceSource) -> Path | None:
+    """The file's path in the Hugging Face cache if it is there (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(src.repo, src.file, revision=src.revision)
+    if isinstance(found, str) and Path(found).exists():
+        return Path(found)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def fetch(
+    src: HuggingFaceSource,
+    *,
+    name: str,
+    size: int,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """Download (or find in the cache) one repository file; returns its cached path."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if cached_path(src) is None:
+        cache_dir = Path(constants.HF_HUB_CACHE)
+        probe = cache_dir if cache_dir.exists() else cache_dir.parent
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(probe).free
+            if free < size + FREE_SPACE_HEADROOM:
+                raise DownloadError(
+                    f"not enough free space in {cache_dir} for {name}: {size / 2**20:.1f} MiB "
+                    f"needed, {free / 2**20:.1f} MiB free; free some space or set HF_HOME"
+                )
+    if cancel is not None and cancel.is_set():
+        raise DownloadCancelled(f"the download of {name} was cancelled")
+    try:
+        found = hf_hub_download(
+            src.repo,
+            src.file,
+            revision=src.revision,
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
+            tqdm_class=_progress_bar_class(name, size, progress, cancel),
+        )
+    except _HubCancelled:
+        raise DownloadCancelled(
+            f"the download of {name} was cancelled; pull again to fetch it "
+            "(huggingface_hub decides whether its partial file is resumed)"
+        ) from None
+    except LocalEntryNotFoundError as exc:
+        raise DownloadError(
+            f"{src.describe()} is not in the Hugging Face cache and the Hub could not be "
+            f"reached (offline, HF_HUB_OFFLINE set, or HF_ENDPOINT wrong): {_first_line(exc)}"
+        ) from exc
+    except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
+        raise DownloadError(
+            f"{src.describe()} was not found on the Hub ({type(exc).__name__}); "
+            "check the repo, file and revision in the catalog entry"
+        ) from exc
+    except Exception as exc:  # the library's network and file errors, translated here
+        raise DownloadError(
+            f"fetching {src.describe()} failed: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    return Path(str(found))
+
+
+def remove(src: HuggingFaceSource) -> list[Path]:
+    """Remove the cached file (its snapshot link and the blob it points to)."""
+    link = cached_path(src)
+    if link is None:
+        return []
+    removed: list[Path] = []
+    blob = link.resolve()
+    for p in (link, blob):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            removed.append(p)
+    return removed

@@ -1,0 +1,163 @@
+"""The user catalog: registering a local GGUF file (``tokenbelt models add``) and forgetting it.
+
+The GGUF header is read with the ``gguf`` package (architecture, context length, name,
+licence, file type); the file is hashed once so later loads can be verified. Writes
+hold a file lock and replace the catalog atomically, so two ``add`` calls never lose
+each other's entry and a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from .._errors import InvalidArgument, ModelError
+from ._catalog import DEVICES, NAME_PATTERN, Catalog, ModelEntry, Variant, read_user_catalog_json
+from ._home import Home
+from ._integrity import sha256_file, write_stamp
+from ._sources import PathSource
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What a GGUF header says about the model (None where a key is absent)."""
+
+    architecture: str | None
+    context_length: int | None
+    name: str | None
+    basename: str | None
+    license: str | None
+    quantization: str | None
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    part = field.parts[field.data[0]]
+    if len(field.types) == 1 and field.types[0].name == "STRING":
+        return bytes(part).decode("utf-8", "replace")
+    return part[0].item() if len(part) else None
+
+
+def read_gguf_info(path: Path) -> GGUFInfo:
+    """Read the metadata of a GGUF file; ``ModelError`` if it is not one."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror}") from exc
+    if magic != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
+    from gguf import GGUFReader, LlamaFileType
+
+    try:
+        reader = GGUFReader(str(path), "r")
+    except (ValueError, OSError, IndexError) as exc:
+        raise ModelError(f"{path} has a damaged GGUF header: {exc}") from exc
+    arch = _field(reader, "general.architecture")
+    ctx = _field(reader, f"{arch}.context_length") if arch else None
+    file_type = _field(reader, "general.file_type")
+    quant = None
+    if isinstance(file_type, int):
+        try:
+            quant = LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+        except ValueError:
+            quant = None
+    return GGUFInfo(
+        architecture=arch,
+        context_length=ctx if isinstance(ctx, int) else None,
+        name=_field(reader, "general.name"),
+        basename=_field(reader, "general.basename"),
+        license=_field(reader, "general.license"),
+        quantization=quant,
+    )
+
+
+def _write_catalog(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", "utf-8")
+    os.replace(tmp, path)
+
+
+def _lock(home: Home) -> filelock.BaseFileLock:
+    home.data_dir.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(home.catalog_file) + ".lock")
+
+
+def add_model(
+    path: str | Path,
+    alias: str,
+    *,
+    device: str = "cpu",
+    replace: bool = False,
+    home: Home | None = None,
+) -> ModelEntry:
+    """Register a local GGUF file under ``alias`` in the user catalog; returns the entry.
+
+    Reads the header, hashes the file (blocking), and refuses an alias that exists
+    unless ``replace``. The file stays where it is and is never deleted by tokenbelt.
+    """
+    home = home or Home.from_env()
+    if not NAME_PATTERN.match(alias):
+        raise InvalidArgument(f"alias {alias!r} must be letters, digits and ._:- (at most 100)")
+    if device not in DEVICES:
+        raise InvalidArgument(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ModelError(f"{file} does not exist or is not a file")
+    info = read_gguf_info(file)
+    if info.context_length is None:
+        raise ModelError(f"{file} has no {info.architecture}.context_length in its GGUF metadata")
+    variant = Variant(
+        id=f"{alias}-local",
+        device=device,
+        quantization=info.quantization,
+        size=file.stat().st_size,
+        sha256=sha256_file(file),
+        source=PathSource(file),
+    )
+    entry = ModelEntry(
+        alias=alias,
+        family=info.basename or info.architecture or "unknown",
+        license=info.license or "unknown",
+        context_length=info.context_length,
+        variants=(variant,),
+        architecture=info.architecture,
+        origin=home.catalog_file,
+    )
+    with _lock(home):
+        data = read_user_catalog_json(home.catalog_file)
+        catalog = Catalog.load(home)
+        if (alias in catalog or variant.id in catalog) and not replace:
+            raise ModelError(f"the alias {alias!r} is taken; pick another or pass --replace")
+        models = [m for m in data["models"] if m.get("alias") != alias]
+        models.append(entry.to_json())
+        data["models"] = models
+        _write_catalog(home.catalog_file, data)
+    write_stamp(home.stamps_dir / f"{variant.id}.json", file, variant.sha256)
+    return entry
+
+
+def forget_model(alias: str, *, home: Home | None = None) -> ModelEntry:
+    """Drop ``alias`` from the user catalog (files are kept); returns the dropped entry."""
+    home = home or Home.from_env()
+    with _lock(home):
+        data = read_user_catalog_json(home.catalog_file)
+        catalog = Catalog.load(home)
+        entry = catalog.get(alias)
+        if entry.origin != home.catalog_file:
+            raise ModelError(
+                f"{entry.alias!r} comes with tokenbelt; only models added with "
+                "`tokenbelt models add` can be forgotten"
+            )
+        data["models"] = [m for m in data["models"] if m.get("alias") != entry.alias]
+        _write_catalog(home.catalog_file, data)
+    return entry
