@@ -10,13 +10,14 @@ from ._common import Parser
 
 
 def build_parser() -> Parser:
-    from . import _demo, _serve
+    from . import _chat, _demo, _serve
 
     parser = Parser(prog="tokenbelt", description="A local LLM runtime whose Stop really stops.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     _demo.add_parser(sub)
     _serve.add_parser(sub)
+    _chat.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,201 @@
+"""``tokenbelt chat`` through a pseudo-terminal: replies stream, Ctrl-C stops the model.
+
+Each test spawns the real command (``python -m tokenbelt chat``) in a pty with pexpect,
+the way a person runs it. In-process chats load the real default model; the ``--url``
+test talks to a real ``tokenbelt serve`` subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pexpect
+import pytest
+
+from tokenbelt.models import default_model_path
+
+PROMPT = "you> "
+#: a safety net for each expected output (the model loads and answers in seconds)
+NET_S = 45.0
+LONG = "Write a very long story, at least two thousand words, about a lighthouse keeper."
+STATUS = re.compile(
+    r"first token (?P<ttft>[\d.]+|-)( ms)?, (?P<rate>[\d.]+|-) tok/s, "
+    r"end (?P<reason>\w+), cancel to release (?P<ctr>[\d.]+|-)( ms)?"
+    r"(?P<late> \(not released yet\))?"
+)
+
+
+@contextlib.contextmanager
+def chat(*args: str) -> Iterator[pexpect.spawn]:
+    """``tokenbelt chat ARGS`` in a pty; killed at the end if it is still running."""
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "tokenbelt", "chat", *args],
+        encoding="utf-8",
+        timeout=NET_S,
+        dimensions=(40, 120),
+        env=env,
+    )
+    try:
+        yield child
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
+        child.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def serve(tmp: Path) -> Iterator[str]:
+    """A real ``tokenbelt serve`` of the default model on 127.0.0.1; yields its URL."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp / "serve.log"
+    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + NET_S
+        while True:
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
+                    break
+            assert time.monotonic() < deadline, f"not ready in {NET_S} s:\n{log.read_text()}"
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _stop_mid_reply(child: pexpect.spawn) -> re.Match[str]:
+    """Ask for a long reply, wait until words stream in, press Ctrl-C; the status line."""
+    child.expect_exact(PROMPT)
+    child.sendline(LONG)
+    child.expect_exact("lighthouse keeper.")  # the terminal's echo of the line
+    child.expect(r"(\w+[^\w\n]+){8}")  # eight words of the reply have streamed in
+    child.sendintr()
+    child.expect_exact("[stopped]")
+    child.expect(STATUS)
+    match = child.match
+    assert isinstance(match, re.Match)
+    child.expect_exact(PROMPT)
+    return match
+
+
+@pytest.mark.model
+def test_a_reply_streams_and_ctrl_d_exits() -> None:
+    with chat(str(default_model_path()), "--max-tokens", "16", "--temperature", "0") as child:
+        child.expect_exact(PROMPT)
+        child.sendline("Say hello.")
+        child.expect_exact("Say hello.")
+        child.expect(STATUS)
+        reply = child.before
+        assert child.match is not None
+        assert child.match["reason"] in {"stop", "length"}
+        assert child.match["ctr"] == "-"  # nothing was cancelled
+        assert re.search(r"\w", reply), reply
+        child.expect_exact(PROMPT)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+
+
+@pytest.mark.model
+def test_ctrl_c_mid_reply_stops_generation_and_the_prompt_returns() -> None:
+    """Ctrl-C cancels the request (``user_cancel``), waits for the release, prompts again.
+
+    The status line is printed only after the engine released the request (it would say
+    "not released yet" otherwise) and carries the cancel-to-release figure. A Ctrl-C at
+    the empty prompt then ends the chat with status 0.
+    """
+    with chat(str(default_model_path()), "--max-tokens", "4000") as child:
+        status = _stop_mid_reply(child)
+        assert status["reason"] == "user_cancel"
+        assert float(status["ctr"]) >= 0
+        assert status["late"] is None
+        child.sendintr()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+
+
+@pytest.mark.model
+def test_url_mode_cancels_at_the_server(tmp_path: Path) -> None:
+    """With ``--url``, Ctrl-C calls the cancel endpoint: the server records ``user_cancel``."""
+    with serve(tmp_path) as url, chat("--url", url, "--max-tokens", "4000") as child:
+        child.expect_exact(f"connected to {url}")
+        status = _stop_mid_reply(child)
+        assert status["reason"] == "user_cancel"
+        assert status["late"] is None
+        recent = httpx.get(f"{url}/v1/requests", params={"limit": 1}, timeout=10.0).json()
+        trace = recent["data"][0]
+        assert trace["end_reason"] == "user_cancel"
+        assert trace["timeline_ms"]["released"] is not None
+        assert status["ctr"] == f"{trace['cancel_to_release_ms']:.1f}"
+        child.sendeof()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-tokens", "0"],
+        ["--temperature", "3"],
+        ["--temperature", "warm"],
+        ["--seed", "-1"],
+        ["--no-such-flag"],
+        ["--url", "ftp://127.0.0.1:1"],
+    ],
+)
+def test_bad_flags_are_one_line_errors_with_status_2(args: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenbelt", "chat", *args],
+        capture_output=True,
+        text=True,
+        timeout=NET_S,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "error" in result.stderr
+
+
+def test_an_unreachable_url_is_a_one_line_error() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenbelt", "chat", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=NET_S,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "cannot reach" in result.stderr
