@@ -10,6 +10,7 @@ from ._device import DeviceInfo, detect_device
 from ._download import DownloadResult, DownloadTimeouts, download
 from ._embedded import default_model_path, distribution_file
 from ._home import Home
+from ._probe import ProbeReport, run_probe
 from ._registry import GGUFInfo, add_model, forget_model, read_gguf_info
 from ._resolve import DEFAULT_ALIAS, Choice, ResolvedModel, choose_variant, resolve_and_fetch
 from ._sources import DistributionSource, HuggingFaceSource, PathSource, Source, UrlSource
@@ -29,6 +30,7 @@ __all__ = [
     "ModelCache",
     "ModelEntry",
     "PathSource",
+    "ProbeReport",
     "ResolvedModel",
     "Source",
     "UrlSource",
@@ -42,4 +44,5 @@ __all__ = [
     "forget_model",
     "read_gguf_info",
     "resolve_and_fetch",
+    "run_probe",
 ]

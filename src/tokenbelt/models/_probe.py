@@ -1,0 +1,318 @@
+"""The probe: one model's whole life on this machine, measured step by step.
+
+Steps, in order: ``resolve`` (catalog, device, fetch), ``verify`` (size, sha256),
+``load`` (under ``load_timeout``), ``stream`` (a short reply: time to first token,
+decode rate), ``cancel_prefill`` (a stop inside a ~2000-token prefill),
+``cancel_decode`` (a stop while tokens stream), ``unload`` (process RSS returned).
+
+The engine is driven directly, the way the runtime drives it: a ``Belt``, a producer
+thread running ``belt.produce(engine.generate...)``, the consumer on this thread. A
+failing step ends the probe; the report names it and says what to do.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._errors import (
+    CatalogError,
+    DownloadError,
+    IntegrityError,
+    LoadTimeout,
+    TokenbeltError,
+    UnknownModel,
+)
+from ..belt import Belt, EndReason
+from ..engines import GenerationRequest, LlamaEngine, SamplingParams
+from ._cache import ModelCache
+from ._catalog import Catalog
+from ._device import DeviceInfo, detect_device
+from ._download import DownloadTimeouts, ProgressCallback
+from ._home import Home
+from ._resolve import DEFAULT_ALIAS, choose_variant
+
+MIB = 1024 * 1024
+PREFILL_TOKENS = 2000
+_FILLER = "The conveyor belt carries small plates of sushi past the guests at the counter. "
+_COUNTING = "The numbers from one to one thousand, in order: 1, 2, 3, 4, 5, 6, 7, 8,"
+
+
+@dataclass
+class ProbeReport:
+    """What the probe measured. ``ok`` is True only if every step passed."""
+
+    ok: bool = False
+    alias: str | None = None
+    variant: str | None = None
+    device: str | None = None
+    device_reason: str | None = None
+    model_path: str | None = None
+    verified: bool = False
+    hashed: bool | None = None
+    context_length: int | None = None
+    load_s: float | None = None
+    ttft_ms: float | None = None
+    decode_tok_s: float | None = None
+    reply: str | None = None
+    prefill_prompt_tokens: int | None = None
+    cancel_release_prefill_ms: float | None = None
+    #: where the prefill cancel landed: "prefill" (as meant) or "decode" (prefill was faster)
+    cancel_prefill_landed: str | None = None
+    cancel_release_decode_ms: float | None = None
+    rss_before_load_mb: float | None = None
+    rss_loaded_mb: float | None = None
+    rss_after_unload_mb: float | None = None
+    unload_rss_returned_mb: float | None = None
+    #: RSS still held after unload compared to before load (native allocator caches)
+    unload_rss_residual_mb: float | None = None
+    failed_step: str | None = None
+    error: str | None = None
+    hint: str | None = None
+    steps_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _StepFailed(Exception):
+    def __init__(self, step: str, error: BaseException | str, hint: str) -> None:
+        super().__init__(str(error))
+        self.step, self.error, self.hint = step, str(error), hint
+
+
+class _SignalBelt(Belt[str]):
+    """A belt that signals when the producer reaches its ``after``-th checkpoint.
+
+    The engine checkpoints once per prefill chunk, so the signal means "the prefill
+    is under way": a cancel sent then lands inside the prefill, not before it.
+    """
+
+    def __init__(self, capacity: int, after: int) -> None:
+        super().__init__(capacity)
+        self._after = after
+        self._count = 0
+        self.reached = threading.Event()
+
+    def checkpoint(self) -> None:
+        self._count += 1
+        if self._count >= self._after:
+            self.reached.set()
+        super().checkpoint()
+
+
+def _rss() -> int:
+    import psutil
+
+    gc.collect()
+    return int(psutil.Process().memory_info().rss)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _run(
+    engine: LlamaEngine,
+    request: GenerationRequest,
+    belt: Belt[str],
+    consume: Callable[[Belt[str]], None],
+    step: str,
+) -> None:
+    """Run one request: producer thread, ``consume(belt)`` here; always joins."""
+    belt.trace.mark_enqueued()
+    producer = threading.Thread(
+        target=belt.produce,
+        args=(lambda b: engine.generate(request, b),),
+        name=f"tokenbelt-probe-{step}",
+    )
+    producer.start()
+    try:
+        consume(belt)
+    finally:
+        belt.close()
+        producer.join()
+    if belt.end_reason is EndReason.RUNTIME_ERROR:
+        raise _StepFailed(step, belt.trace.error or "the engine failed", "see the error above")
+
+
+class _Probe:
+    def __init__(self, report: ProbeReport) -> None:
+        self.report = report
+
+    def stream(self, engine: LlamaEngine) -> None:
+        request = GenerationRequest.chat(
+            [{"role": "user", "content": "Say hello in one short sentence."}],
+            SamplingParams(max_tokens=32, temperature=0.0, seed=0),
+        )
+        belt: Belt[str] = Belt(8)
+        pieces: list[str] = []
+        _run(engine, request, belt, lambda b: pieces.extend(b), "stream")
+        if belt.end_reason is None or not belt.end_reason.is_natural or not pieces:
+            raise _StepFailed("stream", f"the reply ended with {belt.end_reason}", "run it again")
+        r = self.report
+        r.reply = "".join(pieces).strip()
+        r.ttft_ms = _ms(belt.trace.time_to_first_token)
+        rate = belt.trace.decode_rate
+        r.decode_tok_s = None if rate is None else round(rate, 1)
+
+    def long_prompt(self, engine: LlamaEngine) -> GenerationRequest:
+        per = len(engine.tokenize_request(GenerationRequest(prompt=_FILLER)))
+        prompt = _FILLER * math.ceil(PREFILL_TOKENS / max(1, per - 1))
+        while len(engine.tokenize_request(GenerationRequest(prompt=prompt))) >= (
+            engine.context_length - 8
+        ):
+            prompt = prompt[: len(prompt) * 3 // 4]
+        return GenerationRequest(prompt=prompt, sampling=SamplingParams(max_tokens=8))
+
+    def cancel_prefill(self, engine: LlamaEngine) -> None:
+        request = self.long_prompt(engine)
+        belt = _SignalBelt(4, after=2)
+
+        def consume(b: Belt[str]) -> None:
+            if not belt.reached.wait(120):
+                raise _StepFailed("cancel_prefill", "the prefill never started", "run it again")
+            b.cancel(EndReason.USER_CANCEL)
+
+        _run(engine, request, belt, consume, "cancel_prefill")
+        r = self.report
+        r.prefill_prompt_tokens = belt.trace.prompt_tokens
+        r.cancel_prefill_landed = "prefill" if belt.trace.first_token is None else "decode"
+        r.cancel_release_prefill_ms = _ms(belt.trace.cancel_to_release)
+
+    def cancel_decode(self, engine: LlamaEngine, after: int = 8) -> None:
+        request = GenerationRequest(
+            prompt=_COUNTING, sampling=SamplingParams(max_tokens=256, temperature=0.0)
+        )
+        belt: Belt[str] = Belt(4)
+        seen = 0
+
+        def consume(b: Belt[str]) -> None:
+            nonlocal seen
+            for _piece in b:
+                seen += 1
+                if seen >= after:
+                    b.cancel(EndReason.USER_CANCEL)
+                    return
+
+        _run(engine, request, belt, consume, "cancel_decode")
+        if belt.end_reason is not EndReason.USER_CANCEL:
+            raise _StepFailed(
+                "cancel_decode",
+                f"the reply ended ({belt.end_reason}) after {seen} tokens, before the cancel",
+                "run it again",
+            )
+        self.report.cancel_release_decode_ms = _ms(belt.trace.cancel_to_release)
+
+
+def _timed(report: ProbeReport, step: str, hint: str, work: Callable[[], Any]) -> Any:
+    start = time.monotonic()
+    try:
+        return work()
+    except _StepFailed:
+        raise
+    except TokenbeltError as exc:
+        raise _StepFailed(step, exc, hint) from exc
+    finally:
+        report.steps_ms[step] = round((time.monotonic() - start) * 1000, 1)
+
+
+def _resolve_hint(exc: BaseException) -> str:
+    if isinstance(exc, UnknownModel):
+        return "see the known aliases with `tokenbelt models list`"
+    if isinstance(exc, CatalogError):
+        return "fix or remove the catalog file named in the error"
+    if isinstance(exc, DownloadError):
+        return "check the network, then `tokenbelt models pull ALIAS`"
+    return "check the alias and --device"
+
+
+def run_probe(
+    alias: str | None = None,
+    *,
+    device: str | None = None,
+    load_timeout: float | None = 120.0,
+    home: Home | None = None,
+    catalog: Catalog | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    timeouts: DownloadTimeouts | None = None,
+    info: DeviceInfo | None = None,
+) -> ProbeReport:
+    """Run every step on ``alias`` (the default model if None); never raises a
+    ``TokenbeltError``: a failure is in the report (``ok``, ``failed_step``, ``hint``).
+
+    Blocks for the whole run (seconds for the default model, plus any download).
+    """
+    report = ProbeReport(alias=alias or DEFAULT_ALIAS)
+    home = home or Home.from_env()
+    cache = ModelCache(home)
+    engine: LlamaEngine | None = None
+    try:
+        try:
+            cat = catalog if catalog is not None else Catalog.load(home)
+            info = info or detect_device()
+            choice = choose_variant(cat, report.alias or "", device=device, info=info, cache=cache)
+            path = cache.fetch(choice.variant, progress=progress, cancel=cancel, timeouts=timeouts)
+        except TokenbeltError as exc:
+            raise _StepFailed("resolve", exc, _resolve_hint(exc)) from exc
+        report.alias, report.variant = choice.entry.alias, choice.variant.id
+        report.device, report.device_reason = choice.device, choice.reason
+        report.model_path, report.context_length = str(path), choice.entry.context_length
+        fix = cache.fix_hint(choice.variant)
+        report.hashed = _timed(
+            report, "verify", fix, lambda: cache.verify(choice.variant, path, cancel=cancel)
+        )
+        report.verified = True
+
+        import llama_cpp  # noqa: F401  (the library's own RSS is not the model's)
+
+        rss_before = _rss()
+        start = time.monotonic()
+        n_gpu_layers = 0 if choice.device == "cpu" else -1
+        engine = _timed(
+            report,
+            "load",
+            "raise --load-timeout, or check that this llama.cpp supports the model",
+            lambda: LlamaEngine.load(
+                path,
+                load_timeout=load_timeout,
+                n_ctx=min(4096, choice.entry.context_length),
+                n_gpu_layers=n_gpu_layers,
+                name=choice.variant.id,
+            ),
+        )
+        report.load_s = round(time.monotonic() - start, 3)
+        probe = _Probe(report)
+        engine_hint = "llama.cpp failed on this model: try another variant or report the error"
+        assert engine is not None
+        loaded = engine
+        _timed(report, "stream", engine_hint, lambda: probe.stream(loaded))
+        _timed(report, "cancel_prefill", engine_hint, lambda: probe.cancel_prefill(loaded))
+        _timed(report, "cancel_decode", engine_hint, lambda: probe.cancel_decode(loaded))
+        rss_loaded = _rss()
+        _timed(report, "unload", engine_hint, loaded.close)
+        engine = None
+        rss_after = _rss()
+        report.rss_before_load_mb = round(rss_before / MIB, 1)
+        report.rss_loaded_mb = round(rss_loaded / MIB, 1)
+        report.rss_after_unload_mb = round(rss_after / MIB, 1)
+        report.unload_rss_returned_mb = round((rss_loaded - rss_after) / MIB, 1)
+        report.unload_rss_residual_mb = round((rss_after - rss_before) / MIB, 1)
+        report.ok = True
+    except _StepFailed as failed:
+        report.ok = False
+        report.failed_step, report.error, report.hint = failed.step, failed.error, failed.hint
+        if isinstance(failed.__cause__, LoadTimeout):
+            report.hint = "raise --load-timeout (the model took longer to load)"
+        if isinstance(failed.__cause__, IntegrityError):
+            report.verified = False
+    finally:
+        if engine is not None:
+            engine.close()
+    return report

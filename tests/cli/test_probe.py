@@ -1,0 +1,93 @@
+"""``tokenbelt probe``: the whole lifecycle on the real default model, and failing steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenbelt.cli import main
+
+KEYS = {
+    "device",
+    "device_reason",
+    "variant",
+    "model_path",
+    "verified",
+    "load_s",
+    "ttft_ms",
+    "decode_tok_s",
+    "cancel_release_prefill_ms",
+    "cancel_release_decode_ms",
+    "unload_rss_returned_mb",
+    "ok",
+}
+#: RSS the process may keep after unloading (allocator caches, thread pools)
+RSS_TOLERANCE_MB = 64.0
+
+
+@pytest.mark.model
+def test_probe_json_on_the_default_model(tmp_path: Path) -> None:
+    """In a fresh process, so the RSS figures are the model's and no other test's."""
+    env = dict(os.environ, TOKENBELT_HOME=str(tmp_path / "tbhome"))
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenbelt", "probe", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert set(report) >= KEYS
+    assert report["ok"] is True
+    assert report["failed_step"] is None
+    assert report["variant"] == "smollm2-135m-instruct-q4_1-cpu"
+    assert report["device"] in ("cpu", "cuda", "metal", "vulkan")
+    assert report["device_reason"]
+    assert Path(report["model_path"]).is_file()
+    assert report["verified"] is True
+    assert report["load_s"] > 0
+    assert report["ttft_ms"] > 0
+    assert report["decode_tok_s"] > 0
+    assert report["reply"]
+    # the prefill cancel landed inside a ~2000-token prefill and released promptly
+    assert report["prefill_prompt_tokens"] >= 2000
+    assert report["cancel_prefill_landed"] == "prefill"
+    for key in ("cancel_release_prefill_ms", "cancel_release_decode_ms"):
+        assert 0 <= report[key] < 1000, key  # the trace's release-lag alert threshold
+    # unload gives the memory back: most of what loading took, within a tolerance
+    grown = report["rss_loaded_mb"] - report["rss_before_load_mb"]
+    assert grown > 0
+    assert report["unload_rss_returned_mb"] >= 0.5 * grown
+    assert report["unload_rss_residual_mb"] < RSS_TOLERANCE_MB
+
+
+def test_probe_of_an_unknown_alias_fails_at_resolve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TOKENBELT_HOME", str(tmp_path / "tbhome"))
+    assert main(["probe", "smollm2-13m", "--json"]) == 1
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["ok"] is False
+    assert report["failed_step"] == "resolve"
+    assert report["load_s"] is None
+    assert err.startswith("tokenbelt: error: probe failed at step 'resolve': unknown model")
+    assert "what to do: see the known aliases with `tokenbelt models list`" in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_probe_report_names_the_failed_step_without_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TOKENBELT_HOME", str(tmp_path / "tbhome"))
+    assert main(["probe", "nope"]) == 1
+    out, err = capsys.readouterr()
+    assert "failed at resolve" in out
+    assert "probe failed at step 'resolve'" in err
