@@ -10,7 +10,7 @@ from ._common import Parser
 
 
 def build_parser() -> Parser:
-    from . import _chat, _demo, _serve
+    from . import _chat, _demo, _models, _probe, _serve
 
     parser = Parser(prog="tokenbelt", description="A local LLM runtime whose Stop really stops.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -18,6 +18,8 @@ def build_parser() -> Parser:
     _demo.add_parser(sub)
     _serve.add_parser(sub)
     _chat.add_parser(sub)
+    _models.add_parser(sub)
+    _probe.add_parser(sub)
     return parser
 
 
