@@ -5,8 +5,9 @@ Where cancellation lands:
 - between prefill chunks (``belt.checkpoint()``);
 - *inside* a running ``llama_decode`` through llama.cpp's abort hook, which reads a
   per-request flag the belt's cancel sets;
-- before every decode step (``belt.wait_for_room()``), which is also where a full
-  belt pauses generation, so a slow reader costs no compute.
+- before every decode step: ``belt.wait_for_room()``, which is also where a full
+  belt pauses generation, so a slow reader costs no compute, then ``belt.checkpoint()``
+  for a deadline that passed while nobody was waiting on the belt.
 
 After any end that is not a natural one, the context forgets everything it held,
 so the next request starts exactly as on a fresh load.
@@ -141,6 +142,7 @@ class LlamaEngine:
         self.context_length: int = self._llm.n_ctx()
         self.prefill_chunk = max(1, prefill_chunk)
         self._abort_callback = _flag_abort_callback()
+        self._no_abort = llama_cpp.ggml_abort_callback()  # a NULL hook: never abort
         self._busy = threading.Lock()
         self._conversation: str | None = None
         self._closed = False
@@ -246,7 +248,10 @@ class LlamaEngine:
         produced = 0
         try:
             while True:
-                belt.wait_for_room()  # backpressure and the per-step checkpoint
+                belt.wait_for_room()  # backpressure: a full belt costs no compute
+                # wait_for_room() only sees deadlines while it waits; the step's own
+                # checkpoint catches one that passed while the belt had room.
+                belt.checkpoint()
                 token = next(steps)  # one decode step (prefill is already done)
                 if is_eog(vocab, token):
                     tail = stopper.flush() + decoder.decode(b"", final=True)
@@ -274,6 +279,7 @@ class LlamaEngine:
             raise IllegalState("this engine is already generating; one request per slot")
         flag = ctypes.create_string_buffer(2)  # per request: a late cancel hits only its own
         natural = False
+        hooked = False
         try:
             tokens = self.tokenize_request(request)
             belt.trace.prompt_tokens = len(tokens)
@@ -289,6 +295,7 @@ class LlamaEngine:
             self._lib.llama_set_abort_callback(
                 self._llm._ctx.ctx, self._abort_callback, ctypes.cast(flag, ctypes.c_void_p)
             )
+            hooked = True
             belt.on_cancel(abort)
             try:
                 self._prefill(tokens, request.conversation_id, belt)
@@ -300,6 +307,11 @@ class LlamaEngine:
             natural = True
             return reason
         finally:
+            if hooked:
+                # The hook points at this request's flag, which is freed with the
+                # request: left installed, any later decode on this context would
+                # read freed memory and might abort for no reason.
+                self._lib.llama_set_abort_callback(self._llm._ctx.ctx, self._no_abort, None)
             if not natural:
                 self._forget()
             self._busy.release()

@@ -1,0 +1,369 @@
+"""The llama.cpp engine against a bare llama-cpp-python loop, on the embedded default model.
+
+Everything runs side by side in one process, on one loaded model:
+
+- **decode**: the engine (producer thread, belt, a reader on the main thread) against a
+  plain ``Llama.generate`` loop on the *same* ``Llama`` object, with the same prompt, seed
+  and sampling, counting the same tokens. Rate = (tokens - 1) / (last token - first token),
+  so prefill is left out of both. Bare and engine runs alternate (their order flips every
+  pair) and the medians are compared, so machine noise hits both sides.
+- **cancel in decode**: a reader takes a few tokens, waits a random part of a decode step,
+  and cancels. Cancel-to-release is ``trace.released - trace.cancel_requested``; tokens
+  after cancel are completion tokens counted after the cancel callback ran.
+- **cancel in prefill**: the same with a prompt of more than 2,000 tokens, cancelled at a
+  random moment of its prefill (before the first token).
+- **heartbeat**: an asyncio loop sleeps 10 ms at a time while a long prefill runs on the
+  producer thread; the largest gap between two ticks is how long the loop was held up.
+
+Targets (issue 3): decode_ratio >= 0.98; decode cancel-to-release p95 within one decode
+step + 5 ms; prefill cancel-to-release p95 <= 50 ms; at most one token after a cancel;
+heartbeat gaps under 50 ms.
+
+Run: ``.venv/bin/python benchmarks/engine.py [--runs N] [--tokens N] [--cancels N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tokenbelt.belt import Belt, EndReason
+from tokenbelt.engines import GenerationRequest, LlamaEngine, SamplingParams
+from tokenbelt.models import default_model_path
+
+SEED = 42
+DECODE_PROMPT = "Tell me about the sea, its history, its life and its storms."
+#: ~15 tokens per item: 145 items make a prompt of about 2,240 tokens
+LONG_PROMPT = " ".join(
+    f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(145)
+)
+
+
+@dataclass
+class Outcome:
+    """One cancelled request."""
+
+    cancel_to_release_ms: float
+    tokens_after_cancel: int
+    first_token: bool
+
+
+def _sampling(max_tokens: int, seed: int = SEED) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=seed)
+
+
+def _start(
+    engine: LlamaEngine, request: GenerationRequest, capacity: int
+) -> tuple[Belt[str], threading.Thread, dict[str, int]]:
+    belt: Belt[str] = Belt(capacity)
+    at_cancel: dict[str, int] = {}
+    # Registered before the producer starts: runs before the engine's own abort callback.
+    belt.on_cancel(lambda _r: at_cancel.setdefault("tokens", belt.trace.completion_tokens))
+    belt.trace.mark_enqueued()
+    thread = threading.Thread(
+        target=belt.produce, args=(lambda b: engine.generate(request, b),), name="bench-engine"
+    )
+    thread.start()
+    return belt, thread, at_cancel
+
+
+# -- decode ------------------------------------------------------------------------------------
+
+
+def decode_engine(engine: LlamaEngine, request: GenerationRequest) -> tuple[float, int, str]:
+    """(tokens per second, tokens, text) through the engine and a belt."""
+    belt, thread, _ = _start(engine, request, capacity=8)
+    text = "".join(belt)
+    thread.join()
+    trace = belt.trace
+    if belt.end_reason not in (EndReason.STOP, EndReason.LENGTH) or trace.decode_rate is None:
+        raise RuntimeError(f"the engine run ended with {belt.end_reason}: {trace.error}")
+    return trace.decode_rate, trace.completion_tokens, text
+
+
+def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) -> tuple[float, str]:
+    """(tokens per second, text) from a plain ``Llama.generate`` loop on the same model."""
+    import llama_cpp
+
+    llm = engine._llm
+    s = request.sampling
+    prompt = engine.tokenize_request(request)
+    vocab = llm._model.vocab
+    llm.reset()  # a full prefill, as the engine does for a request outside a conversation
+    llm.set_seed(s.seed if s.seed is not None else SEED)
+    stamps: list[float] = []
+    out: list[int] = []
+    steps = llm.generate(
+        prompt,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        min_p=s.min_p,
+        temp=s.temperature,
+        repeat_penalty=s.repeat_penalty,
+    )
+    try:
+        for token in steps:
+            stamps.append(time.monotonic())
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                stamps.pop()
+                break
+            out.append(token)
+            if len(out) >= tokens:
+                break
+    finally:
+        steps.close()
+        llm.reset()
+    if len(out) != tokens:
+        raise RuntimeError(f"the bare loop made {len(out)} tokens, the engine {tokens}")
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    return rate, llm.detokenize(out).decode("utf-8", "replace")
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+def cancel_in_decode(engine: LlamaEngine, step_s: float, rng: random.Random) -> Outcome:
+    request = GenerationRequest.chat(
+        [{"role": "user", "content": DECODE_PROMPT}], _sampling(512, rng.randrange(1 << 30))
+    )
+    belt, thread, at_cancel = _start(engine, request, capacity=64)
+    reader = iter(belt)
+    for _ in range(rng.randint(3, 12)):
+        next(reader)
+    time.sleep(rng.uniform(0, step_s))  # land anywhere inside a decode step
+    belt.cancel()
+    thread.join()
+    return _outcome(belt, at_cancel)
+
+
+def cancel_in_prefill(engine: LlamaEngine, prefill_s: float, rng: random.Random) -> Outcome:
+    request = GenerationRequest(prompt=LONG_PROMPT, sampling=_sampling(8))
+    belt, thread, at_cancel = _start(engine, request, capacity=8)
+    admitted = threading.Event()
+    belt.trace.subscribe(lambda e: admitted.set() if e.kind == "admitted" else None)
+    if belt.trace.admitted is None:
+        admitted.wait()
+    time.sleep(rng.uniform(0.02, prefill_s))
+    belt.cancel()
+    thread.join()
+    return _outcome(belt, at_cancel)
+
+
+def _outcome(belt: Belt[str], at_cancel: dict[str, int]) -> Outcome:
+    trace = belt.trace
+    if belt.end_reason is not EndReason.USER_CANCEL or trace.cancel_to_release is None:
+        raise RuntimeError(f"the request ended with {belt.end_reason} before the cancel")
+    return Outcome(
+        cancel_to_release_ms=trace.cancel_to_release * 1000,
+        tokens_after_cancel=trace.completion_tokens - at_cancel["tokens"],
+        first_token=trace.first_token is not None,
+    )
+
+
+# -- the event loop ----------------------------------------------------------------------------
+
+
+def heartbeat(engine: LlamaEngine, seconds: float) -> list[float]:
+    """Gaps (ms) between 10 ms asyncio ticks while a long prefill runs on another thread."""
+    request = GenerationRequest(prompt=LONG_PROMPT, sampling=_sampling(8))
+    belt, thread, _ = _start(engine, request, capacity=8)
+
+    async def beat() -> list[float]:
+        async def consume() -> None:
+            with contextlib.suppress(Exception):
+                async for _ in belt:
+                    pass
+
+        consumer = asyncio.create_task(consume())
+        while belt.trace.admitted is None:
+            await asyncio.sleep(0.001)
+        gaps: list[float] = []
+        last = began = time.perf_counter()
+        while last - began < seconds and belt.trace.first_token is None:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append((now - last) * 1000)
+            last = now
+        belt.cancel()
+        await consumer
+        return gaps
+
+    try:
+        return asyncio.run(beat())
+    finally:
+        belt.cancel()
+        thread.join()
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(SEED)
+    engine = LlamaEngine(default_model_path(), n_ctx=4096, n_threads=args.threads)
+    try:
+        request = GenerationRequest.chat(
+            [{"role": "user", "content": DECODE_PROMPT}], _sampling(args.tokens)
+        )
+        decode_engine(engine, request)  # warm-up: page in the weights, size the buffers
+        bare_rates: list[float] = []
+        engine_rates: list[float] = []
+        tokens = 0
+        same_text = True
+        for i in range(args.runs):
+            order = ("engine", "bare") if i % 2 == 0 else ("bare", "engine")
+            for side in order:
+                if side == "engine":
+                    rate, tokens, engine_text = decode_engine(engine, request)
+                    engine_rates.append(rate)
+                else:
+                    bare_rate, bare_text = decode_bare(engine, request, tokens or args.tokens)
+                    bare_rates.append(bare_rate)
+            same_text = same_text and bare_text == engine_text
+        bare = statistics.median(bare_rates)
+        eng = statistics.median(engine_rates)
+        step_s = 1 / bare
+
+        decode_cancels = [cancel_in_decode(engine, step_s, rng) for _ in range(args.cancels)]
+        prefill_tokens = engine.count_prompt_tokens(
+            GenerationRequest(prompt=LONG_PROMPT, sampling=_sampling(8))
+        )
+        prefill_cancels = [
+            cancel_in_prefill(engine, args.prefill_window, rng) for _ in range(args.prefill_cancels)
+        ]
+        gaps = heartbeat(engine, args.heartbeat)
+    finally:
+        engine.close()
+
+    decode_release = [o.cancel_to_release_ms for o in decode_cancels]
+    prefill_release = [o.cancel_to_release_ms for o in prefill_cancels]
+    after = [o.tokens_after_cancel for o in decode_cancels + prefill_cancels]
+    step_ms = step_s * 1000
+    result: dict[str, Any] = {
+        "model": engine.name,
+        "n_threads": engine_threads(args.threads),
+        "runs": args.runs,
+        "decode_tokens": tokens,
+        "decode_same_text": same_text,
+        "decode_tok_s_bare": round(bare, 2),
+        "decode_tok_s_engine": round(eng, 2),
+        "decode_ratio": round(eng / bare, 4),
+        "decode_ratio_per_pair": [
+            round(e / b, 4) for e, b in zip(engine_rates, bare_rates, strict=True)
+        ],
+        "decode_step_ms": round(step_ms, 3),
+        "cancel_release_decode_p50_ms": round(statistics.median(decode_release), 3),
+        "cancel_release_decode_p95_ms": round(_p95(decode_release), 3),
+        "cancel_release_decode_max_ms": round(max(decode_release), 3),
+        "cancel_release_prefill_p50_ms": round(statistics.median(prefill_release), 3),
+        "cancel_release_prefill_p95_ms": round(_p95(prefill_release), 3),
+        "cancel_release_prefill_max_ms": round(max(prefill_release), 3),
+        "prefill_prompt_tokens": prefill_tokens,
+        "prefill_cancels_before_first_token": sum(not o.first_token for o in prefill_cancels),
+        "tokens_after_cancel_max": max(after),
+        "heartbeat_ticks": len(gaps),
+        "heartbeat_max_gap_ms": round(max(gaps), 3),
+        "heartbeat_p99_gap_ms": round(sorted(gaps)[int(0.99 * (len(gaps) - 1))], 3),
+        "python": sys.version.split()[0],
+        "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
+    }
+    result["targets"] = {
+        "decode_ratio >= 0.98": result["decode_ratio"] >= 0.98,
+        "cancel_release_decode_p95_ms <= decode_step_ms + 5": (
+            result["cancel_release_decode_p95_ms"] <= step_ms + 5
+        ),
+        "cancel_release_prefill_p95_ms <= 50": result["cancel_release_prefill_p95_ms"] <= 50,
+        "prefill_prompt_tokens >= 2000": prefill_tokens >= 2000,
+        "tokens_after_cancel_max <= 1": result["tokens_after_cancel_max"] <= 1,
+        "heartbeat_max_gap_ms < 50": result["heartbeat_max_gap_ms"] < 50,
+    }
+    return result
+
+
+def engine_threads(requested: int | None) -> int | str:
+    return requested if requested is not None else "llama-cpp-python default"
+
+
+def print_table(r: dict[str, Any]) -> None:
+    print(
+        f"llama.cpp engine vs bare Llama.generate: {r['model']}, threads: {r['n_threads']}, "
+        f"Python {r['python']}, llama-cpp-python {r['llama_cpp_python']}"
+    )
+    print()
+    rows = [
+        ("decode tok/s, bare (median)", f"{r['decode_tok_s_bare']:.2f}", ""),
+        ("decode tok/s, engine (median)", f"{r['decode_tok_s_engine']:.2f}", ""),
+        ("decode ratio engine/bare", f"{r['decode_ratio']:.4f}", ">= 0.98"),
+        ("decode step ms (bare)", f"{r['decode_step_ms']:.2f}", ""),
+        ("cancel->release in decode p50 ms", f"{r['cancel_release_decode_p50_ms']:.2f}", ""),
+        (
+            "cancel->release in decode p95 ms",
+            f"{r['cancel_release_decode_p95_ms']:.2f}",
+            f"<= {r['decode_step_ms'] + 5:.2f}",
+        ),
+        ("cancel->release in prefill p50 ms", f"{r['cancel_release_prefill_p50_ms']:.2f}", ""),
+        ("cancel->release in prefill p95 ms", f"{r['cancel_release_prefill_p95_ms']:.2f}", "<= 50"),
+        ("prefill prompt tokens", str(r["prefill_prompt_tokens"]), ">= 2000"),
+        ("tokens after cancel, max", str(r["tokens_after_cancel_max"]), "<= 1"),
+        ("heartbeat max gap ms (10 ms ticks)", f"{r['heartbeat_max_gap_ms']:.2f}", "< 50"),
+        ("heartbeat p99 gap ms", f"{r['heartbeat_p99_gap_ms']:.2f}", ""),
+    ]
+    print(f"{'measure':<36} {'value':>10}  {'target':<10}")
+    for name, value, target in rows:
+        print(f"{name:<36} {value:>10}  {target:<10}")
+    print()
+    print(
+        f"{r['runs']} decode pairs of {r['decode_tokens']} tokens "
+        f"(same text both sides: {r['decode_same_text']}), per-pair ratios "
+        f"{r['decode_ratio_per_pair']}"
+    )
+    missed = [name for name, ok in r["targets"].items() if not ok]
+    print("targets: all met" if not missed else f"targets missed: {', '.join(missed)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="bare/engine decode pairs")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per decode run")
+    parser.add_argument("--cancels", type=int, default=20, help="cancels during decode")
+    parser.add_argument("--prefill-cancels", type=int, default=10, help="cancels in prefill")
+    parser.add_argument(
+        "--prefill-window",
+        type=float,
+        default=2.0,
+        help="cancel at a random moment of the first SECONDS of the long prefill",
+    )
+    parser.add_argument("--heartbeat", type=float, default=3.0, help="heartbeat seconds")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp decode threads")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.cancels < 1 or args.prefill_cancels < 1:
+        parser.error("--runs, --cancels and --prefill-cancels must be >= 1")
+    if not 2 <= args.tokens <= 1024:
+        parser.error("--tokens must be in [2, 1024]")
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
