@@ -11,6 +11,7 @@ per-process temporary file and delete it on failure, so the next pull starts ove
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 import threading
@@ -104,13 +105,18 @@ def fetch(
                 )
     if cancel is not None and cancel.is_set():
         raise DownloadCancelled(f"the download of {name} was cancelled")
+    extra: dict[str, Any] = {}
+    # Older huggingface_hub releases have no tqdm_class: they download without our
+    # progress reports and can only be stopped by Ctrl-C.
+    if "tqdm_class" in inspect.signature(hf_hub_download).parameters:
+        extra["tqdm_class"] = _progress_bar_class(name, size, progress, cancel)
     try:
         found = hf_hub_download(
             src.repo,
             src.file,
             revision=src.revision,
             endpoint=os.environ.get("HF_ENDPOINT") or None,
-            tqdm_class=_progress_bar_class(name, size, progress, cancel),
+            **extra,
         )
     except _HubCancelled:
         raise DownloadCancelled(
