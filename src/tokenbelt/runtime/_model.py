@@ -85,7 +85,9 @@ class Model:
         self.keep_alive = keep_alive
         self.info: dict[str, Any] = dict(info or {})
         self._engine_factory = engine_factory
-        self._observers = list(observers)
+        # Not a copy: the runtime's own list, so that ``Runtime.subscribe`` (the HTTP
+        # server's metrics, for one) also reaches models registered before it.
+        self._observers = observers if isinstance(observers, list) else list(observers)
         self._lock = threading.RLock()
         self._state = ModelState.LOADING
         self._scheduler: Scheduler | None = None

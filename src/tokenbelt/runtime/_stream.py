@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -175,7 +176,14 @@ class Stream:
         return self._belt.wait_released(timeout)
 
     async def await_released(self, timeout: float | None = None) -> bool:
-        return await self._belt.await_released(timeout)
+        """Async ``wait_released()``: True once the trace holds the release time."""
+        if not await self._belt.await_released(timeout):
+            return False
+        if self.trace.released is None:
+            # The belt flags its release a moment before the producer thread records
+            # it in the trace; an answer that carries the trace must show it.
+            return await asyncio.to_thread(self.trace.wait_released, timeout)
+        return True
 
     def __enter__(self) -> Stream:
         return self

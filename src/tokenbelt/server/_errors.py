@@ -43,16 +43,13 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def response_for(exc: TokenbeltError) -> JSONResponse:
+def response_for(exc: TokenbeltError, retry_after_s: int = 1) -> JSONResponse:
     """Map a tokenbelt error to its HTTP answer."""
+    retry = {"Retry-After": str(retry_after_s)}
     if isinstance(exc, QueueFull):
-        return error_response(
-            429, str(exc), "rate_limit_error", "queue_full", headers={"Retry-After": "1"}
-        )
+        return error_response(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
     if isinstance(exc, ModelLoading):
-        return error_response(
-            503, str(exc), "service_unavailable", "model_loading", headers={"Retry-After": "1"}
-        )
+        return error_response(503, str(exc), "service_unavailable", "model_loading", headers=retry)
     if isinstance(exc, RuntimeClosed):
         return error_response(503, str(exc), "service_unavailable", "shutting_down")
     if isinstance(exc, UnknownModel):
@@ -94,11 +91,17 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None)
+        return error_response(
+            exc.status_code,
+            str(exc.detail),
+            "invalid_request_error",
+            getattr(exc, "code", None),
+            headers=dict(exc.headers) if exc.headers else None,
+        )
 
     @app.exception_handler(TokenbeltError)
     async def tokenbelt_error(request: Request, exc: TokenbeltError) -> JSONResponse:
-        return response_for(exc)
+        return response_for(exc, request.app.state.tokenbelt.settings.retry_after_s)
 
 
 def compact_json(value: Any) -> str:

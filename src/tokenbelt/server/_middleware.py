@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 
+from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -17,8 +18,18 @@ async def _reject(send: Send, status: int, message: str, type_: str, code: str) 
     await send({"type": "http.response.body", "body": body.encode()})
 
 
-class _TooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` once a streamed (chunked) body passes the limit.
+
+    An ``HTTPException`` because FastAPI's body parsing lets only those through: it
+    turns any other error raised while reading into a 400. The app's handler then
+    answers 413 with ``code``.
+    """
+
+    code = "body_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the body is over {limit} bytes")
 
 
 class BodyLimitMiddleware:
@@ -59,7 +70,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise _TooLarge
+                    raise BodyTooLarge(self.limit)
             return message
 
         async def watch(message: Message) -> None:
@@ -70,7 +81,7 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, limited, watch)
-        except _TooLarge:
+        except BodyTooLarge:  # a reader without an HTTPException handler
             if not started:
                 await _reject(
                     send,

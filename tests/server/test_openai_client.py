@@ -1,0 +1,104 @@
+"""The official ``openai`` client works unchanged, ``stream.close()`` mid-stream included."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tokenbelt import EndReason, ScriptedEngine
+
+from .conftest import NET, Served, ServeFactory, scripted_runtime, words
+
+SCRIPT = words(6)
+
+
+@pytest.fixture
+def served(serve: ServeFactory) -> Served:
+    engines = [ScriptedEngine(SCRIPT, delay=0), ScriptedEngine(words(100_000), delay=0.002)]
+    runtime = scripted_runtime(engines[0])
+    runtime.add_engines("endless", [engines[1]])
+    return serve(runtime)
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET) as c:
+        yield c
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert reply.id.startswith("req_")
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == "".join(SCRIPT[:4])
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 4
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 4
+
+
+def test_chat_completion_stream_with_usage(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="scripted",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "".join(SCRIPT)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "stop"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == len(SCRIPT)
+
+
+def test_text_completion(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model="scripted", prompt="once upon a time", max_tokens=2)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == "".join(SCRIPT[:2])
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_text_completion_stream(client: openai.OpenAI) -> None:
+    stream = client.completions.create(model="scripted", prompt="once", stream=True)
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert text == "".join(SCRIPT)
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted"]
+
+
+def test_stream_close_mid_stream_is_client_disconnect(
+    client: openai.OpenAI, served: Served
+) -> None:
+    stream = client.chat.completions.create(
+        model="endless",
+        messages=[{"role": "user", "content": "go on"}],
+        max_tokens=100_000,
+        stream=True,
+    )
+    first = next(iter(stream))
+    assert first.choices[0].delta.content
+    stream.close()
+    trace = served.recorder.by_id(first.id)
+    served.assert_released(trace, EndReason.CLIENT_DISCONNECT)
+    assert trace.completion_tokens < 100_000
+
+
+def test_errors_arrive_as_openai_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "x"}], n=2
+        )
