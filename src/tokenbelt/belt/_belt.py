@@ -85,8 +85,10 @@ class Belt(Generic[T]):
         self._produced = 0
         self._consumed = 0
         self._peak = 0
-        self._last_item_at: float | None = None
-        self._started_at: float | None = None
+        # The stall clock: when the producer last had something it could do (it started,
+        # put an item, or got room on a full belt). It stops while the belt is full, so a
+        # slow reader pauses the producer without being taken for a stalled engine.
+        self._stall_from: float | None = None
 
     # -- state ------------------------------------------------------------------------------
 
@@ -152,10 +154,12 @@ class Belt(Generic[T]):
             out.append((d.first_token, EndReason.FIRST_TOKEN_TIMEOUT))
         if d.total is not None:
             out.append((d.total, EndReason.TOTAL_TIMEOUT))
-        if d.stall is not None:
-            base = self._last_item_at if self._last_item_at is not None else self._started_at
-            if base is not None:
-                out.append((base + d.stall, EndReason.STALL_TIMEOUT))
+        if (
+            d.stall is not None
+            and self._stall_from is not None
+            and len(self._items) < self.capacity
+        ):
+            out.append((self._stall_from + d.stall, EndReason.STALL_TIMEOUT))
         return out
 
     def _check_deadlines_locked(self) -> tuple[EndReason | None, float | None]:
@@ -220,6 +224,8 @@ class Belt(Generic[T]):
 
     def _take_ready(self) -> object:
         if self._items:
+            if len(self._items) >= self.capacity and self._stall_from is not None:
+                self._stall_from = self._clock()  # room again: the stall clock restarts
             item = self._items.popleft()
             self._consumed += 1
             self._notify_locked()
@@ -314,7 +320,7 @@ class Belt(Generic[T]):
             now = self._clock()
             self._items.append(item)
             self._produced += 1
-            self._last_item_at = now
+            self._stall_from = now
             buffered = len(self._items)
             if buffered > self._peak:
                 self._peak = buffered
@@ -353,8 +359,8 @@ class Belt(Generic[T]):
     def start(self) -> None:
         """The producer starts: marks admission and arms the stall deadline."""
         with self._lock:
-            if self._started_at is None:
-                self._started_at = self._clock()
+            if self._stall_from is None:
+                self._stall_from = self._clock()
         self.trace.mark_admitted()
 
     def release(self) -> None:
