@@ -6,7 +6,9 @@ Everything runs side by side in one process, on one loaded model:
   plain ``Llama.generate`` loop on the *same* ``Llama`` object, with the same prompt, seed
   and sampling, counting the same tokens. Rate = (tokens - 1) / (last token - first token),
   so prefill is left out of both. Bare and engine runs alternate (their order flips every
-  pair) and the medians are compared, so machine noise hits both sides.
+  pair) and the medians are compared, so machine noise hits both sides. The CPU time of
+  the decoding thread per token is printed too: it is what the engine's own work costs,
+  and it moves far less than wall time when other processes share the machine.
 - **cancel in decode**: a reader takes a few tokens, waits a random part of a decode step,
   and cancels. Cancel-to-release is ``trace.released - trace.cancel_requested``; tokens
   after cancel are completion tokens counted after the cancel callback ran.
@@ -38,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tokenbelt.belt import Belt, EndReason
+from tokenbelt.belt import Belt, EndReason, TraceEvent
 from tokenbelt.engines import GenerationRequest, LlamaEngine, SamplingParams
 from tokenbelt.models import default_model_path
 
@@ -81,19 +83,53 @@ def _start(
 # -- decode ------------------------------------------------------------------------------------
 
 
-def decode_engine(engine: LlamaEngine, request: GenerationRequest) -> tuple[float, int, str]:
-    """(tokens per second, tokens, text) through the engine and a belt."""
-    belt, thread, _ = _start(engine, request, capacity=8)
+@dataclass
+class DecodeRun:
+    """One decode measurement."""
+
+    tok_s: float
+    tokens: int
+    text: str
+    #: CPU time of the decoding thread per token, between the first and the last token
+    cpu_us_per_token: float
+    #: CPU time of the reading thread per token (engine runs only)
+    reader_cpu_us_per_token: float = 0.0
+
+
+def decode_engine(engine: LlamaEngine, request: GenerationRequest) -> DecodeRun:
+    """The engine producing into a belt, read on this thread."""
+    belt: Belt[str] = Belt(8)
+    cpu: dict[str, float] = {}
+
+    def observe(event: TraceEvent) -> None:
+        if event.kind in ("first_token", "ended"):  # both are marked on the producer thread
+            cpu[event.kind] = time.thread_time()
+
+    belt.trace.subscribe(observe)
+    belt.trace.mark_enqueued()
+    thread = threading.Thread(
+        target=belt.produce, args=(lambda b: engine.generate(request, b),), name="bench-engine"
+    )
+    thread.start()
+    reader_start = time.thread_time()
     text = "".join(belt)
+    reader_cpu = time.thread_time() - reader_start
     thread.join()
     trace = belt.trace
     if belt.end_reason not in (EndReason.STOP, EndReason.LENGTH) or trace.decode_rate is None:
         raise RuntimeError(f"the engine run ended with {belt.end_reason}: {trace.error}")
-    return trace.decode_rate, trace.completion_tokens, text
+    n = trace.completion_tokens
+    return DecodeRun(
+        tok_s=trace.decode_rate,
+        tokens=n,
+        text=text,
+        cpu_us_per_token=(cpu["ended"] - cpu["first_token"]) / (n - 1) * 1e6,
+        reader_cpu_us_per_token=reader_cpu / n * 1e6,
+    )
 
 
-def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) -> tuple[float, str]:
-    """(tokens per second, text) from a plain ``Llama.generate`` loop on the same model."""
+def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) -> DecodeRun:
+    """A plain ``Llama.generate`` loop on the same model, counting the same tokens."""
     import llama_cpp
 
     llm = engine._llm
@@ -103,6 +139,7 @@ def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) ->
     llm.reset()  # a full prefill, as the engine does for a request outside a conversation
     llm.set_seed(s.seed if s.seed is not None else SEED)
     stamps: list[float] = []
+    cpu: list[float] = []
     out: list[int] = []
     steps = llm.generate(
         prompt,
@@ -114,10 +151,10 @@ def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) ->
     )
     try:
         for token in steps:
-            stamps.append(time.monotonic())
             if llama_cpp.llama_vocab_is_eog(vocab, token):
-                stamps.pop()
                 break
+            stamps.append(time.monotonic())
+            cpu.append(time.thread_time())
             out.append(token)
             if len(out) >= tokens:
                 break
@@ -126,8 +163,13 @@ def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) ->
         llm.reset()
     if len(out) != tokens:
         raise RuntimeError(f"the bare loop made {len(out)} tokens, the engine {tokens}")
-    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    return rate, llm.detokenize(out).decode("utf-8", "replace")
+    n = len(out)
+    return DecodeRun(
+        tok_s=(n - 1) / (stamps[-1] - stamps[0]),
+        tokens=n,
+        text=llm.detokenize(out).decode("utf-8", "replace"),
+        cpu_us_per_token=(cpu[-1] - cpu[0]) / (n - 1) * 1e6,
+    )
 
 
 # -- cancellation ------------------------------------------------------------------------------
@@ -221,23 +263,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         request = GenerationRequest.chat(
             [{"role": "user", "content": DECODE_PROMPT}], _sampling(args.tokens)
         )
-        decode_engine(engine, request)  # warm-up: page in the weights, size the buffers
-        bare_rates: list[float] = []
-        engine_rates: list[float] = []
-        tokens = 0
-        same_text = True
+        # warm-up: page in the weights, size the buffers; and how many tokens to count
+        tokens = decode_engine(engine, request).tokens
+        bare_runs: list[DecodeRun] = []
+        engine_runs: list[DecodeRun] = []
         for i in range(args.runs):
-            order = ("engine", "bare") if i % 2 == 0 else ("bare", "engine")
-            for side in order:
-                if side == "engine":
-                    rate, tokens, engine_text = decode_engine(engine, request)
-                    engine_rates.append(rate)
-                else:
-                    bare_rate, bare_text = decode_bare(engine, request, tokens or args.tokens)
-                    bare_rates.append(bare_rate)
-            same_text = same_text and bare_text == engine_text
-        bare = statistics.median(bare_rates)
-        eng = statistics.median(engine_rates)
+            if i % 2 == 0:
+                engine_runs.append(decode_engine(engine, request))
+                bare_runs.append(decode_bare(engine, request, tokens))
+            else:
+                bare_runs.append(decode_bare(engine, request, tokens))
+                engine_runs.append(decode_engine(engine, request))
+        bare = statistics.median(r.tok_s for r in bare_runs)
+        eng = statistics.median(r.tok_s for r in engine_runs)
         step_s = 1 / bare
 
         decode_cancels = [cancel_in_decode(engine, step_s, rng) for _ in range(args.cancels)]
@@ -251,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         engine.close()
 
+    pairs = [e.tok_s / b.tok_s for e, b in zip(engine_runs, bare_runs, strict=True)]
     decode_release = [o.cancel_to_release_ms for o in decode_cancels]
     prefill_release = [o.cancel_to_release_ms for o in prefill_cancels]
     after = [o.tokens_after_cancel for o in decode_cancels + prefill_cancels]
@@ -260,14 +299,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "n_threads": engine_threads(args.threads),
         "runs": args.runs,
         "decode_tokens": tokens,
-        "decode_same_text": same_text,
+        "decode_same_text": all(
+            e.text == b.text for e, b in zip(engine_runs, bare_runs, strict=True)
+        ),
         "decode_tok_s_bare": round(bare, 2),
         "decode_tok_s_engine": round(eng, 2),
         "decode_ratio": round(eng / bare, 4),
-        "decode_ratio_per_pair": [
-            round(e / b, 4) for e, b in zip(engine_rates, bare_rates, strict=True)
-        ],
+        "decode_ratio_pair_median": round(statistics.median(pairs), 4),
+        "decode_ratio_per_pair": [round(r, 4) for r in pairs],
         "decode_step_ms": round(step_ms, 3),
+        "decode_cpu_us_per_token_bare": round(
+            statistics.median(r.cpu_us_per_token for r in bare_runs), 1
+        ),
+        "decode_cpu_us_per_token_engine": round(
+            statistics.median(r.cpu_us_per_token for r in engine_runs), 1
+        ),
+        "reader_cpu_us_per_token": round(
+            statistics.median(r.reader_cpu_us_per_token for r in engine_runs), 1
+        ),
         "cancel_release_decode_p50_ms": round(statistics.median(decode_release), 3),
         "cancel_release_decode_p95_ms": round(_p95(decode_release), 3),
         "cancel_release_decode_max_ms": round(max(decode_release), 3),
@@ -310,7 +359,11 @@ def print_table(r: dict[str, Any]) -> None:
         ("decode tok/s, bare (median)", f"{r['decode_tok_s_bare']:.2f}", ""),
         ("decode tok/s, engine (median)", f"{r['decode_tok_s_engine']:.2f}", ""),
         ("decode ratio engine/bare", f"{r['decode_ratio']:.4f}", ">= 0.98"),
+        ("decode ratio, median of pairs", f"{r['decode_ratio_pair_median']:.4f}", ""),
         ("decode step ms (bare)", f"{r['decode_step_ms']:.2f}", ""),
+        ("decode CPU µs/token, bare", f"{r['decode_cpu_us_per_token_bare']:.1f}", ""),
+        ("decode CPU µs/token, engine thread", f"{r['decode_cpu_us_per_token_engine']:.1f}", ""),
+        ("reader CPU µs/token (other thread)", f"{r['reader_cpu_us_per_token']:.1f}", ""),
         ("cancel->release in decode p50 ms", f"{r['cancel_release_decode_p50_ms']:.2f}", ""),
         (
             "cancel->release in decode p95 ms",
@@ -339,7 +392,7 @@ def print_table(r: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="bare/engine decode pairs")
+    parser.add_argument("--runs", type=int, default=7, help="bare/engine decode pairs")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per decode run")
     parser.add_argument("--cancels", type=int, default=20, help="cancels during decode")
     parser.add_argument("--prefill-cancels", type=int, default=10, help="cancels in prefill")

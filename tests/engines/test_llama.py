@@ -40,7 +40,7 @@ pytestmark = pytest.mark.model
 
 N_CTX = 4096
 #: a safety net for joins and waits, never the assertion itself
-NET = 30.0
+NET = 60.0
 
 REFERENCE = GenerationRequest.chat(
     [{"role": "user", "content": "Write one sentence about the sea."}],
@@ -94,6 +94,24 @@ class Run:
         return text
 
 
+#: requests started by the running test, stopped at its teardown whatever happened
+_RUNS: list[Run] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_leftover_runs() -> Iterator[None]:
+    """A test that fails half-way must not leave its producer blocked on a full belt.
+
+    Such a producer would keep the module's engine busy (every later test would fail)
+    and keep the process from exiting.
+    """
+    yield
+    while _RUNS:
+        run = _RUNS.pop()
+        run.belt.cancel(EndReason.SHUTDOWN)  # a no-op for a request that already ended
+        run.thread.join(NET)
+
+
 def start(
     engine: LlamaEngine,
     request: GenerationRequest,
@@ -126,6 +144,7 @@ def start(
     belt.on_cancel(record)
     belt.trace.mark_enqueued()
     thread.start()
+    _RUNS.append(run)
     return run
 
 
