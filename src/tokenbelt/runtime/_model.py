@@ -140,6 +140,10 @@ class Model:
         if self.keep_alive is None:
             return
         with self._lock:
+            if self._state is not ModelState.READY:
+                # close() cancels the running requests, and the last one to finish calls
+                # us: a timer armed now would outlive the closed model by keep_alive.
+                return
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
             timer = threading.Timer(self.keep_alive, self._unload_if_idle)

@@ -104,8 +104,19 @@ class Runtime:
         info: dict[str, Any] | None = None,
         **options: Any,
     ) -> Model:
-        """Register ready-made engines (a scripted engine, a custom one) as a model."""
-        factory = engines if callable(engines) else (lambda: list(engines))
+        """Register engines (a scripted engine, a custom one) as a model.
+
+        ``engines`` is a callable that makes them, or the engines themselves. Engines
+        given ready-made cannot be made again once closed, so that model is never
+        unloaded for being idle (no keep-alive); it stays loaded until ``unload()`` or
+        ``close()``.
+        """
+        factory: Callable[[], Sequence[Engine]]
+        if callable(engines):
+            factory = engines
+        else:
+            factory = list(engines).copy
+            options["keep_alive"] = None
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
 
     def _model(self, name: str, factory: Callable[[], Sequence[Engine]], **options: Any) -> Model:
@@ -116,7 +127,10 @@ class Runtime:
             "keep_alive": self.keep_alive,
             "observers": self._observers,
         }
-        params.update({k: v for k, v in options.items() if v is not None or k == "info"})
+        # None means "the runtime's default", except for keep_alive where it means "never".
+        params.update(
+            {k: v for k, v in options.items() if v is not None or k in ("info", "keep_alive")}
+        )
         return Model(name, factory, **params)
 
     def load(

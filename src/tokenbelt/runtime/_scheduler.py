@@ -107,7 +107,9 @@ class Scheduler:
             try:
                 self._queue.remove(job)
             except ValueError:
-                return  # already admitted: the producer sees the cancel itself
+                # Admitted (the producer sees the cancel itself), or taken off by
+                # _finished, which releases it.
+                return
         job.belt.release()
 
     def _start_locked(self, job: _Job, engine: Engine) -> None:
@@ -129,6 +131,7 @@ class Scheduler:
     def _finished(self, job: _Job, engine: Engine) -> None:
         """On the producer thread, after the engine let go: hand the slot on."""
         idle = False
+        ended: list[_Job] = []
         with self._lock:
             self._running.pop(id(job), None)
             while self._queue and not self._closed:
@@ -136,10 +139,15 @@ class Scheduler:
                 if nxt.belt.end_reason is None:
                     self._start_locked(nxt, engine)
                     break
+                # Cancelled, but its cancel callback has not taken it out yet: once it
+                # runs it finds the job gone and leaves the release to us.
+                ended.append(nxt)
             else:
                 self._free.append(engine)
             idle = not self._running and not self._queue
             self._idle.notify_all()
+        for skipped in ended:
+            skipped.belt.release()
         if idle and self._on_idle is not None:
             self._on_idle()
 
