@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,16 @@ def _foreign_threads(before: set[threading.Thread]) -> list[threading.Thread]:
         for t in threading.enumerate()
         if t not in before and t.is_alive() and not t.name.startswith(_IGNORED_THREAD_PREFIXES)
     ]
+
+
+@pytest.fixture(autouse=True)
+def tokenbelt_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every test (and every process it starts) gets its own empty tokenbelt home."""
+    home = tmp_path_factory.mktemp("tokenbelt-home")
+    monkeypatch.setenv("TOKENBELT_HOME", str(home))
+    return home
 
 
 @pytest.fixture(autouse=True)

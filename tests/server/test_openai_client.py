@@ -74,7 +74,8 @@ def test_text_completion_stream(client: openai.OpenAI) -> None:
 
 
 def test_models_list(client: openai.OpenAI) -> None:
-    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted"]
+    # The served models, then the catalog's aliases this server could serve.
+    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted", "smollm2-135m"]
 
 
 def test_stream_close_mid_stream_is_client_disconnect(

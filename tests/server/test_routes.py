@@ -14,8 +14,13 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
     with httpx.Client(base_url=served.url, timeout=NET) as client:
         models = client.get("/v1/models").json()
         assert models["object"] == "list"
-        (entry,) = models["data"]
+        entry, *catalog = models["data"]
         assert entry["id"] == "scripted"
+        # The catalog's aliases are listed too, with whether their file is here.
+        assert [(m["id"], m["tokenbelt"]["loaded"], m["tokenbelt"]["state"]) for m in catalog] == [
+            ("smollm2-135m", False, "available")
+        ]
+        assert catalog[0]["tokenbelt"]["cached"] is True
         assert entry["object"] == "model"
         info = entry["tokenbelt"]
         assert info["loaded"] is True

@@ -63,6 +63,16 @@ def _tokenbelt_final(stream: Stream) -> dict[str, Any]:
     return {"end_reason": reason.value, "trace": stream.trace.to_dict()}
 
 
+def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tokenbelt",
+        "tokenbelt": tokenbelt,
+    }
+
+
 def create_app(
     runtime: Runtime,
     settings: ServerSettings | None = None,
@@ -130,29 +140,41 @@ def create_app(
         state.metrics.refresh_gauges()
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", summary="Models this server knows, loaded or loading")
+    @app.get("/v1/models", summary="Models: loaded, loading, and the catalog's aliases")
     async def list_models() -> dict[str, Any]:
-        data = []
         loaded = runtime.models
+        catalog = {c["alias"]: c for c in await anyio.to_thread.run_sync(state.catalog)}
+        data = []
         for name in state.model_names():
             model = loaded.get(name)
             status = state.loads.get(name)
-            entry: dict[str, Any] = {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "tokenbelt",
-                "tokenbelt": {
-                    "loaded": model is not None,
-                    "cached": True,
-                    "state": model.state.value if model else (status.state if status else None),
-                    "load": status.to_dict() if status else None,
-                    "context_length": model.context_length if model else None,
-                    "slots": model.statistics().slots if model else None,
-                    "info": model.info if model else {},
-                },
-            }
-            data.append(entry)
+            data.append(
+                _model_entry(
+                    name,
+                    loaded=model is not None,
+                    cached=True,
+                    state=model.state.value if model else (status.state if status else None),
+                    load=status.to_dict() if status else None,
+                    context_length=model.context_length if model else None,
+                    slots=model.statistics().slots if model else None,
+                    info=model.info if model else {},
+                )
+            )
+        known = {d["id"] for d in data}
+        for alias, entry in catalog.items():
+            if alias not in known:
+                data.append(
+                    _model_entry(
+                        alias,
+                        loaded=False,
+                        cached=entry["cached"],
+                        state="available",
+                        load={"state": "available", "error": None, "elapsed_s": 0.0},
+                        context_length=entry["context_length"],
+                        slots=None,
+                        info={},
+                    )
+                )
         return {"object": "list", "data": data}
 
     # -- requests ----------------------------------------------------------------------------

@@ -53,6 +53,13 @@ class LoadStatus:
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    #: bytes of the model file on disk so far, and in all, while it downloads
+    received: int | None = None
+    total: int | None = None
+
+    def progress(self, received: int, total: int | None) -> None:
+        """A download progress callback (called on the loading thread)."""
+        self.received, self.total = received, total
 
     def to_dict(self) -> dict[str, Any]:
         end = self.finished if self.finished is not None else time.monotonic()
@@ -60,6 +67,9 @@ class LoadStatus:
             "state": self.state,
             "error": self.error,
             "elapsed_s": round(end - self.started, 3),
+            "download": None
+            if self.received is None
+            else {"received_bytes": self.received, "total_bytes": self.total},
         }
 
 
@@ -86,7 +96,7 @@ class ServerState:
 
         def run() -> None:
             try:
-                self.runtime.load(alias, **options)
+                self.runtime.load(alias, progress=status.progress, **options)
             except TokenbeltError as exc:
                 status.state, status.error = "failed", str(exc)
                 logger.error("loading %s failed: %s", alias, exc)
@@ -102,6 +112,25 @@ class ServerState:
         thread = threading.Thread(target=run, name=f"tokenbelt-load-{alias}", daemon=True)
         thread.start()
         return thread
+
+    def catalog(self) -> list[dict[str, Any]]:
+        """The catalog's aliases this server could be started with, and if they are cached."""
+        from ..models import Catalog, Home, ModelCache
+
+        try:
+            home = Home.from_env()
+            catalog, cache = Catalog.load(home), ModelCache(home)
+            return [
+                {
+                    "alias": entry.alias,
+                    "cached": any(cache.is_cached(v) for v in entry.variants),
+                    "context_length": entry.context_length,
+                }
+                for entry in catalog
+            ]
+        except (TokenbeltError, OSError) as exc:
+            logger.warning("cannot read the model catalog: %s", exc)
+            return []
 
     def model_names(self) -> list[str]:
         names = list(self.runtime.models)

@@ -206,7 +206,14 @@
     const failed = entries.filter((e) => !e.tokenbelt.loaded && e.tokenbelt.load.state === "failed");
     banner.classList.remove("error");
     if (loading.length) {
-      const parts = loading.map((e) => `${e.id}: ${e.tokenbelt.load.elapsed_s.toFixed(1)} s`);
+      const parts = loading.map((e) => {
+        const load = e.tokenbelt.load;
+        const dl = load.download;
+        const bytes = dl && dl.total_bytes
+          ? ` (downloaded ${(dl.received_bytes / 1e6).toFixed(1)} of ${(dl.total_bytes / 1e6).toFixed(1)} MB)`
+          : "";
+        return `${e.id}: ${load.elapsed_s.toFixed(1)} s${bytes}`;
+      });
       banner.replaceChildren(el("span", { className: "spinner", "aria-hidden": "true" }),
         `Loading model ${parts.join(", ")}`);
       banner.dataset.state = "loading";
