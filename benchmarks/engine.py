@@ -8,7 +8,9 @@ Everything runs side by side in one process, on one loaded model:
   so prefill is left out of both. Bare and engine runs alternate (their order flips every
   pair) and the medians are compared, so machine noise hits both sides. The CPU time of
   the decoding thread per token is printed too: it is what the engine's own work costs,
-  and it moves far less than wall time when other processes share the machine.
+  and it moves far less than wall time when other processes share the machine. So does
+  the engine's overhead per token with the decode step replaced by a stub, from which
+  the ratio to expect on a quiet machine follows: step / (step + overhead).
 - **cancel in decode**: a reader takes a few tokens, waits a random part of a decode step,
   and cancels. Cancel-to-release is ``trace.released - trace.cancel_requested``; tokens
   after cancel are completion tokens counted after the cancel callback ran.
@@ -37,6 +39,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +175,39 @@ def decode_bare(engine: LlamaEngine, request: GenerationRequest, tokens: int) ->
     )
 
 
+def engine_overhead(engine: LlamaEngine, runs: int = 5, tokens: int = 1000) -> float:
+    """The engine's own cost per token in µs: the decode step is replaced by a stub.
+
+    What is left is everything the engine does around ``llama_decode`` and sampling:
+    the belt (wait for room, checkpoint, put, waking the reader), detokenising, stop
+    strings, counters. Machine noise barely touches it, unlike the wall-clock ratio.
+    """
+    llm = engine._llm
+    token = llm.tokenize(b" sea", add_bos=False)[0]
+
+    def stub(_tokens: list[int], **_sampling: Any) -> Iterator[int]:
+        while True:
+            yield token
+
+    request = GenerationRequest.chat([{"role": "user", "content": "Hi"}], _sampling(tokens))
+    per_token: list[float] = []
+    llm.generate = stub
+    try:
+        for _ in range(runs):
+            belt, thread, _ = _start(engine, request, capacity=8)
+            for _ in belt:
+                pass
+            thread.join()
+            trace = belt.trace
+            if trace.first_token is None or trace.last_token is None:
+                raise RuntimeError(f"the stub run ended with {belt.end_reason}: {trace.error}")
+            span = trace.last_token - trace.first_token
+            per_token.append(span / (trace.completion_tokens - 1) * 1e6)
+    finally:
+        del llm.generate
+    return statistics.median(per_token)
+
+
 # -- cancellation ------------------------------------------------------------------------------
 
 
@@ -277,6 +313,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bare = statistics.median(r.tok_s for r in bare_runs)
         eng = statistics.median(r.tok_s for r in engine_runs)
         step_s = 1 / bare
+        overhead_us = engine_overhead(engine)
 
         decode_cancels = [cancel_in_decode(engine, step_s, rng) for _ in range(args.cancels)]
         prefill_tokens = engine.count_prompt_tokens(
@@ -314,6 +351,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_cpu_us_per_token_engine": round(
             statistics.median(r.cpu_us_per_token for r in engine_runs), 1
         ),
+        "engine_overhead_us_per_token": round(overhead_us, 1),
+        "decode_ratio_expected": round(step_ms * 1000 / (step_ms * 1000 + overhead_us), 4),
         "reader_cpu_us_per_token": round(
             statistics.median(r.reader_cpu_us_per_token for r in engine_runs), 1
         ),
@@ -364,6 +403,8 @@ def print_table(r: dict[str, Any]) -> None:
         ("decode CPU µs/token, bare", f"{r['decode_cpu_us_per_token_bare']:.1f}", ""),
         ("decode CPU µs/token, engine thread", f"{r['decode_cpu_us_per_token_engine']:.1f}", ""),
         ("reader CPU µs/token (other thread)", f"{r['reader_cpu_us_per_token']:.1f}", ""),
+        ("engine overhead µs/token (stub step)", f"{r['engine_overhead_us_per_token']:.1f}", ""),
+        ("decode ratio expected from overhead", f"{r['decode_ratio_expected']:.4f}", ""),
         ("cancel->release in decode p50 ms", f"{r['cancel_release_decode_p50_ms']:.2f}", ""),
         (
             "cancel->release in decode p95 ms",
