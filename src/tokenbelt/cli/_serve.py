@@ -77,6 +77,13 @@ def main(args: argparse.Namespace) -> int:
             "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
             2,
         )
+    if Runtime.name_for(args.alias) == args.alias:
+        # Fail fast on an alias the catalog does not know, before binding anything;
+        # downloading and loading then happen in the background.
+        from ..models import Catalog, Home, ModelCache, choose_variant
+
+        home = Home.from_env()
+        choose_variant(Catalog.load(home), args.alias, cache=ModelCache(home))
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -109,11 +116,16 @@ def main(args: argparse.Namespace) -> int:
         app, host=args.host, port=args.port, log_level="warning", access_log=False
     )
     server = uvicorn.Server(config)
+    try:
+        sock = config.bind_socket()  # bound here so --port 0 can log the real port
+    except SystemExit:
+        fail(f"cannot listen on {args.host}:{args.port} (is the port in use?)")
+    host = f"[{args.host}]" if ":" in args.host else args.host
     logger.info(
         "serving %s at http://%s:%d (web chat at /, API at /v1, metrics at /metrics)",
         args.alias,
-        args.host,
-        args.port,
+        host,
+        sock.getsockname()[1],
     )
-    server.run()
+    server.run(sockets=[sock])
     return 0

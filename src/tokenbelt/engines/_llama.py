@@ -15,10 +15,10 @@ so the next request starts exactly as on a fresh load.
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import ctypes
 import logging
-import os
 import random
 import threading
 from pathlib import Path
@@ -49,6 +49,14 @@ def _quiet_native_logs() -> None:
 
     _LOG_CALLBACK = llama_cpp.llama_log_callback(forward)
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    # The binding opens two /dev/null files at import and never closes them, which
+    # Python reports as unclosed at exit; close them then.
+    from llama_cpp import _utils
+
+    for name in ("outnull_file", "errnull_file"):
+        handle = getattr(_utils, name, None)
+        if handle is not None:
+            atexit.register(handle.close)
 
 
 def _flag_abort_callback() -> Any:
@@ -114,6 +122,7 @@ class LlamaEngine:
         *,
         n_ctx: int = 4096,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
         n_gpu_layers: int = 0,
         n_batch: int = 512,
         prefill_chunk: int = 256,
@@ -128,6 +137,7 @@ class LlamaEngine:
                 str(path),
                 n_ctx=n_ctx,
                 n_threads=n_threads,
+                n_threads_batch=n_threads_batch,
                 n_gpu_layers=n_gpu_layers,
                 n_batch=n_batch,
                 verbose=False,
@@ -326,6 +336,12 @@ class LlamaEngine:
         """Free the context and the model (native memory). Idempotent."""
         if self._closed:
             return
+        # Freeing the context under a running llama_decode would crash the process:
+        # wait for the request to end (the runtime cancels it first, so this is short).
+        if not self._busy.acquire(timeout=30.0):
+            logger.error("%s is still generating; not freeing its memory", self.name)
+            return
+        self._busy.release()
         self._closed = True
         llm = self._llm
         self._llm = None
@@ -333,11 +349,3 @@ class LlamaEngine:
             llm.close()
         except Exception:  # pragma: no cover - best effort on teardown
             logger.exception("closing %s failed", self.name)
-
-
-def default_threads() -> int:
-    """The thread count tokenbelt uses by default: every core the process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover
-        return max(1, os.cpu_count() or 1)

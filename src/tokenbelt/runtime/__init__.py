@@ -1,7 +1,8 @@
 """Layer 4: loaded models, slots, the admission queue and chat sessions (the SDK)."""
 
+from ..models import DEFAULT_ALIAS
 from ._model import Model, ModelState, sampling_from
-from ._runtime import DEFAULT_ALIAS, Runtime
+from ._runtime import Runtime
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._stream import Reply, Stream, Usage

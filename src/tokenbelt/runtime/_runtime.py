@@ -12,12 +12,10 @@ from typing import Any
 from .._errors import RuntimeClosed, UnknownModel
 from ..belt import Limits, Observer, check_capacity
 from ..engines import Engine, LlamaEngine
+from ..models import DEFAULT_ALIAS, resolve_and_fetch
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
-
-#: The alias of the embedded default model.
-DEFAULT_ALIAS = "smollm2-135m"
 
 
 class Runtime:
@@ -27,7 +25,9 @@ class Runtime:
     contexts, one request each), ``queue_size`` (the bounded admission queue),
     ``capacity`` (belt length: how far generation may run ahead of a reader),
     ``limits`` (deadlines) and ``keep_alive`` (seconds idle before a model is
-    unloaded; ``None`` keeps it). ``close()`` cancels everything with
+    unloaded; ``None`` keeps it). ``n_threads`` and ``n_threads_batch`` are
+    llama.cpp's decode and prompt thread counts (``None``: the binding's defaults,
+    half the cores for decoding and all of them for prompts). ``close()`` cancels everything with
     ``shutdown``, waits for every release, then unloads.
     """
 
@@ -41,6 +41,7 @@ class Runtime:
         keep_alive: float | None = 300.0,
         n_ctx: int = 4096,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
         observers: Sequence[Observer] = (),
     ) -> None:
         self.slots = check_capacity(slots, name="slots")
@@ -50,6 +51,7 @@ class Runtime:
         self.keep_alive = keep_alive
         self.n_ctx = check_capacity(n_ctx, name="n_ctx")
         self.n_threads = n_threads
+        self.n_threads_batch = n_threads_batch
         self._observers: list[Observer] = list(observers)
         self._models: dict[str, Model] = {}
         self._lock = threading.Lock()
@@ -153,8 +155,8 @@ class Runtime:
         """
         n_slots = check_capacity(slots, name="slots") if slots is not None else self.slots
         timeout = load_timeout if load_timeout is not None else self.limits.load
+        name = self.name_for(alias)
         path, info = self._resolve(alias, device, progress)
-        name = Path(alias).stem if info.get("variant") == Path(alias).name else alias
 
         def factory() -> list[Engine]:
             return [
@@ -163,12 +165,23 @@ class Runtime:
                     load_timeout=timeout,
                     n_ctx=self.n_ctx,
                     n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads_batch,
+                    n_gpu_layers=info.get("n_gpu_layers", 0),
                     name=name,
                 )
                 for _ in range(n_slots)
             ]
 
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
+
+    @staticmethod
+    def name_for(alias: str) -> str:
+        """The name ``load(alias)`` registers the model under.
+
+        A path to a ``.gguf`` file gives the file's stem; an alias is its own name.
+        """
+        path = Path(alias)
+        return path.stem if alias.endswith(".gguf") and path.is_file() else alias
 
     def _resolve(
         self,
@@ -178,8 +191,6 @@ class Runtime:
     ) -> tuple[Path, dict[str, Any]]:
         if alias.endswith(".gguf") and Path(alias).is_file():
             return Path(alias), {"path": str(alias), "variant": Path(alias).name}
-        from ..models import resolve_and_fetch
-
         resolved = resolve_and_fetch(alias, device=device, progress=progress)
         return Path(resolved.path), {
             "alias": resolved.alias,
@@ -189,6 +200,7 @@ class Runtime:
             "path": str(resolved.path),
             "verified": resolved.verified,
             "context_length": resolved.context_length,
+            "n_gpu_layers": resolved.n_gpu_layers,
         }
 
     def unload(self, name: str) -> None:

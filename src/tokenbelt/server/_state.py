@@ -91,8 +91,9 @@ class ServerState:
 
     def load_in_background(self, alias: str, **options: Any) -> threading.Thread:
         """Start loading ``alias``; requests for it get 503 until it is ready."""
-        status = LoadStatus(alias)
-        self.loads[alias] = status
+        name = self.runtime.name_for(alias)
+        status = LoadStatus(name)
+        self.loads[name] = status
 
         def run() -> None:
             try:
@@ -147,6 +148,7 @@ class ServerState:
             if loading:
                 raise ModelLoading(f"model {loading[0].alias} is still loading")
             raise UnknownModel("no model is loaded on this server")
+        name = self.runtime.name_for(name)
         if name in models:
             return models[name]
         status = self.loads.get(name)
