@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import httpx
 import pexpect
 import pytest
 
+from serving import free_port, serve_default_model
 from tokenbelt.models import default_model_path
 
 PROMPT = "you> "
@@ -52,42 +51,6 @@ def chat(*args: str) -> Iterator[pexpect.spawn]:
         if child.isalive():
             child.terminate(force=True)
         child.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def serve(tmp: Path) -> Iterator[str]:
-    """A real ``tokenbelt serve`` of the default model on 127.0.0.1; yields its URL."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp / "serve.log"
-    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + NET_S
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
-                    break
-            assert time.monotonic() < deadline, f"not ready in {NET_S} s:\n{log.read_text()}"
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _stop_mid_reply(child: pexpect.spawn) -> re.Match[str]:
@@ -146,7 +109,10 @@ def test_ctrl_c_mid_reply_stops_generation_and_the_prompt_returns() -> None:
 @pytest.mark.model
 def test_url_mode_cancels_at_the_server(tmp_path: Path) -> None:
     """With ``--url``, Ctrl-C calls the cancel endpoint: the server records ``user_cancel``."""
-    with serve(tmp_path) as url, chat("--url", url, "--max-tokens", "4000") as child:
+    with (
+        serve_default_model(tmp_path, NET_S) as url,
+        chat("--url", url, "--max-tokens", "4000") as child,
+    ):
         child.expect_exact(f"connected to {url}")
         status = _stop_mid_reply(child)
         assert status["reason"] == "user_cancel"
@@ -188,7 +154,7 @@ def test_bad_flags_are_one_line_errors_with_status_2(args: list[str]) -> None:
 
 
 def test_an_unreachable_url_is_a_one_line_error() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     result = subprocess.run(
         [sys.executable, "-m", "tokenbelt", "chat", "--url", url],
         capture_output=True,

@@ -7,19 +7,13 @@ tests of a module (starting them dominates the run) and always shut down.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tokenbelt.models import default_model_path
+from serving import serve_default_model
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -37,54 +31,10 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 START_NET_S = 60.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_NET_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"tokenbelt serve exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            health = httpx.get(f"{url}/health", timeout=2.0).json()
-        except httpx.HTTPError:
-            health = {}
-        if health.get("status") == "ok":
-            return
-        time.sleep(0.1)
-    pytest.fail(f"tokenbelt serve was not ready after {START_NET_S} s:\n{log.read_text()}")
-
-
-@contextlib.contextmanager
-def serve(tmp: Path) -> Iterator[str]:
-    """Run ``tokenbelt serve <default model>`` until the block ends; yields its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp / "serve.log"
-    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(url, process, log)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a ready ``tokenbelt serve`` (one per module)."""
-    with serve(tmp_path_factory.mktemp("serve")) as url:
+    with serve_default_model(tmp_path_factory.mktemp("serve"), START_NET_S) as url:
         yield url
 
 

@@ -21,7 +21,7 @@ import asyncio
 import collections
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -400,23 +400,8 @@ class Belt(Generic[T]):
         other exception ends with ``runtime_error``. Then ``on_exit`` runs (free the
         slot) and the release is recorded, even if ``on_exit`` fails.
         """
-        self.start()
-        try:
-            reason = target(self)
-            self.finish(reason or EndReason.STOP)
-        except Cancelled as exc:
-            self.cancel(exc.reason)
-        except Exception as exc:
-            self.fail(exc)
-        except BaseException:
-            self.cancel(EndReason.SHUTDOWN)
-            raise
-        finally:
-            try:
-                if on_exit is not None:
-                    on_exit()
-            finally:
-                self.release()
+        with self._producing(on_exit):
+            self.finish(target(self) or EndReason.STOP)
 
     async def aproduce(
         self,
@@ -425,10 +410,15 @@ class Belt(Generic[T]):
         on_exit: Callable[[], None] | None = None,
     ) -> None:
         """``produce()`` for a coroutine producer. A cancelled task ends with ``shutdown``."""
+        with self._producing(on_exit):
+            self.finish(await target(self) or EndReason.STOP)
+
+    @contextlib.contextmanager
+    def _producing(self, on_exit: Callable[[], None] | None) -> Iterator[None]:
+        """The producer protocol around a target: start, end reason, exit hook, release."""
         self.start()
         try:
-            reason = await target(self)
-            self.finish(reason or EndReason.STOP)
+            yield
         except Cancelled as exc:
             self.cancel(exc.reason)
         except Exception as exc:

@@ -39,6 +39,15 @@ class BodyLimitMiddleware:
         self.app = app
         self.limit = limit
 
+    async def _too_large(self, send: Send) -> None:
+        await _reject(
+            send,
+            413,
+            f"the body is over {self.limit} bytes",
+            "invalid_request_error",
+            "body_too_large",
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -53,13 +62,7 @@ class BodyLimitMiddleware:
                 )
                 return
             if size > self.limit:
-                await _reject(
-                    send,
-                    413,
-                    f"the body is over {self.limit} bytes",
-                    "invalid_request_error",
-                    "body_too_large",
-                )
+                await self._too_large(send)
                 return
         received = 0
         started = False
@@ -83,13 +86,7 @@ class BodyLimitMiddleware:
             await self.app(scope, limited, watch)
         except BodyTooLarge:  # a reader without an HTTPException handler
             if not started:
-                await _reject(
-                    send,
-                    413,
-                    f"the body is over {self.limit} bytes",
-                    "invalid_request_error",
-                    "body_too_large",
-                )
+                await self._too_large(send)
 
 
 class ApiKeyMiddleware:

@@ -1,0 +1,58 @@
+"""A real ``tokenbelt serve`` process for end-to-end tests (web page, terminal chat)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tokenbelt.models import default_model_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def serve_default_model(tmp: Path, timeout: float = 60.0) -> Iterator[str]:
+    """Run ``tokenbelt serve <default model>`` on 127.0.0.1 until the block ends.
+
+    Yields the base URL once ``/health`` says ready; fails the test (with the
+    server's log) if it exits or is not ready within ``timeout`` seconds.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp / "serve.log"
+    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"tokenbelt serve exited with {process.returncode}:\n{log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"tokenbelt serve was not ready after {timeout} s:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
