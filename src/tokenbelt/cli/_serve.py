@@ -6,12 +6,16 @@ import argparse
 import ipaddress
 import logging
 import os
+import socket
 import sys
 
 from ..runtime import DEFAULT_ALIAS
 from ._common import Parser, duration, fail, non_negative_int, positive_duration, positive_int
 
 logger = logging.getLogger("tokenbelt.server")
+
+#: SO_SNDBUF of every connection (the kernel doubles it): see ``main``.
+SEND_BUFFER_BYTES = 32 * 1024
 
 
 def _port(text: str) -> int:
@@ -120,6 +124,10 @@ def main(args: argparse.Namespace) -> int:
         sock = config.bind_socket()  # bound here so --port 0 can log the real port
     except SystemExit:
         fail(f"cannot listen on {args.host}:{args.port} (is the port in use?)")
+    # Accepted connections inherit this. Left to autotuning, the kernel grows a send
+    # buffer to megabytes, and a client that stops reading would let generation run
+    # thousands of tokens ahead; fixed, it pauses after a few hundred.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     host = f"[{args.host}]" if ":" in args.host else args.host
     logger.info(
         "serving %s at http://%s:%d (web chat at /, API at /v1, metrics at /metrics)",
