@@ -120,6 +120,11 @@ def test_metrics_hold_every_series_after_traffic(serve: ServeFactory) -> None:
         assert value(samples, "tokenbelt_running_requests", model=model) == 0
         assert value(samples, "tokenbelt_queue_depth", model=model) == 0
     assert value(samples, "tokenbelt_completion_tokens_total", model="scripted") >= 5
+    # Every gap between two tokens is observed: 4 for the 5-token reply, and all of the
+    # stopped requests' gaps too.
+    assert len(recorder.nth(0).token_gaps) == 4
+    gaps = sum(len(recorder.nth(n).token_gaps) for n in range(3))
+    assert value(samples, "tokenbelt_inter_token_latency_seconds_count", model="scripted") == gaps
     assert stuck.end_reason is EndReason.USER_CANCEL
 
 

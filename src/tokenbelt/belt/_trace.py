@@ -7,6 +7,7 @@ serialises to JSON without losing the order of events.
 
 from __future__ import annotations
 
+import array
 import logging
 import secrets
 import threading
@@ -81,6 +82,8 @@ class Trace:
         self.completion_tokens = 0
         self.buffer_peak = 0
         self.release_lagged = False
+        #: seconds between consecutive tokens as they were produced (4 bytes each)
+        self.token_gaps: array.array[float] = array.array("f")
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
         self._released_event = threading.Event()
@@ -122,8 +125,11 @@ class Trace:
         self._mark("admitted", at)
 
     def mark_token(self, at: float | None = None) -> None:
-        """Record one produced token: sets ``first_token`` once, ``last_token`` always."""
+        """Record one produced token: sets ``first_token`` once, ``last_token`` always,
+        and the gap since the previous token (time waiting on a full belt included)."""
         when = self.clock() if at is None else at
+        if self.last_token is not None:
+            self.token_gaps.append(when - self.last_token)
         self.last_token = when
         if self.first_token is None:
             self._mark("first_token", when)

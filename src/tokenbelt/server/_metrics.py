@@ -44,7 +44,7 @@ class Metrics:
         )
         self.itl = Histogram(
             "tokenbelt_inter_token_latency_seconds",
-            "Mean gap between tokens of one request (observed once per request).",
+            "Gap between two consecutive tokens of a request, as produced.",
             ["model"],
             buckets=_FAST,
             registry=r,
@@ -116,7 +116,7 @@ class Metrics:
         ):
             if value is not None:
                 hist.labels(model).observe(value)
-        rate = t.decode_rate
-        if rate:
-            self.itl.labels(model).observe(1.0 / rate)
+        itl = self.itl.labels(model)
+        for gap in t.token_gaps:
+            itl.observe(gap)
         request_log.info("%s", json.dumps({"event": "request", **t.to_dict()}))
