@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 # Threads owned by long-lived machinery outside any one test.
-_IGNORED_THREAD_PREFIXES = ("asyncio_", "ThreadPoolExecutor", "pytest_timeout")
+_IGNORED_THREAD_PREFIXES = (
+    "asyncio_",
+    "ThreadPoolExecutor",
+    "pytest_timeout",
+    "tokenbelt-release-watch",  # one per process, like asyncio's own threads
+)
 
 
 def _foreign_threads(before: set[threading.Thread]) -> list[threading.Thread]:

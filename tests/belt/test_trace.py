@@ -230,6 +230,29 @@ def test_release_lagging_cancel_emits_release_lag(caplog: pytest.LogCaptureFixtu
     assert re.search(r"req_lag released 1500 ms after", caplog.text)
 
 
+def test_a_stop_never_released_alerts_without_waiting_for_the_release(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hung engine never releases; the alert must not depend on a release coming."""
+    alerted = threading.Event()
+    kinds: list[str] = []
+
+    def observe(event: TraceEvent) -> None:
+        kinds.append(event.kind)
+        if event.kind == "release_lag":
+            alerted.set()
+
+    trace = Trace("req_hung", observers=[observe], release_lag_threshold=0.05)
+    with caplog.at_level(logging.WARNING, logger="tokenbelt.trace"):
+        trace.mark_cancel_requested()
+        assert alerted.wait(10), "no release_lag for a stop that was never released"
+    assert trace.released is None
+    assert trace.release_lagged
+    assert re.search(r"req_hung still not released \d+ ms after its stop", caplog.text)
+    trace.mark_released()  # late: the alert is not raised twice
+    assert kinds == ["cancel_requested", "release_lag", "released"]
+
+
 def test_release_within_threshold_is_not_an_alert() -> None:
     lag_events: list[TraceEvent] = []
     trace = Trace(clock=FakeClock(), observers=[lag_events.append])

@@ -8,6 +8,7 @@ serialises to JSON without losing the order of events.
 from __future__ import annotations
 
 import array
+import heapq
 import logging
 import secrets
 import threading
@@ -135,7 +136,18 @@ class Trace:
             self._mark("first_token", when)
 
     def mark_cancel_requested(self, at: float | None = None) -> None:
-        self._mark("cancel_requested", at)
+        """Record the stop; if the release has not come ``release_lag_threshold`` seconds
+        later, the ``release_lag`` alert fires then, not only when (if ever) it comes."""
+        if self._mark("cancel_requested", at) and self.released is None:
+            _WATCH.watch(self)
+
+    def _alert_lag(self, message: str, lag: float) -> None:
+        with self._lock:
+            if self.release_lagged:
+                return
+            self.release_lagged = True
+        logger.warning(message, self.request_id, lag * 1000)
+        self._emit("release_lag", self.clock())
 
     def mark_ended(self, reason: EndReason, error: BaseException | None = None) -> bool:
         """Record the end reason; only the first call counts. Returns True if it did."""
@@ -155,13 +167,7 @@ class Trace:
         self._released_event.set()
         lag = self.cancel_to_release
         if lag is not None and lag > self.release_lag_threshold:
-            self.release_lagged = True
-            logger.warning(
-                "request %s released %.0f ms after it was asked to stop",
-                self.request_id,
-                lag * 1000,
-            )
-            self._emit("release_lag", self.clock())
+            self._alert_lag("request %s released %.0f ms after it was asked to stop", lag)
 
     def wait_released(self, timeout: float | None = None) -> bool:
         """Block until the release is recorded; False if ``timeout`` passed first."""
@@ -236,3 +242,45 @@ class Trace:
     def __repr__(self) -> str:
         reason = self.end_reason.value if self.end_reason else None
         return f"<Trace {self.request_id} end_reason={reason!r}>"
+
+
+class _ReleaseWatch:
+    """One process-wide thread that raises ``release_lag`` for stops not yet released.
+
+    Without it, a request whose engine never lets go would never alert: the check at
+    release time needs a release.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Trace]] = []
+        self._thread: threading.Thread | None = None
+
+    def watch(self, trace: Trace) -> None:
+        deadline = time.monotonic() + trace.release_lag_threshold
+        with self._cond:
+            heapq.heappush(self._heap, (deadline, id(trace), trace))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="tokenbelt-release-watch", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                deadline, _, trace = self._heap[0]
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                heapq.heappop(self._heap)
+            if trace.released is None and trace.cancel_requested is not None:
+                lag = trace.clock() - trace.cancel_requested
+                trace._alert_lag("request %s still not released %.0f ms after its stop", lag)
+
+
+_WATCH = _ReleaseWatch()
