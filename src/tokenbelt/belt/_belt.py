@@ -365,10 +365,11 @@ class Belt(Generic[T]):
 
     def release(self) -> None:
         """The engine has let go of the request (producer exited, slot free)."""
+        # The trace first: whoever wakes on the release must find its time recorded.
+        self.trace.mark_released()
         with self._lock:
             self._released = True
             self._notify_locked()
-        self.trace.mark_released()
 
     def wait_released(self, timeout: float | None = None) -> bool:
         """Block until ``release()``; False if ``timeout`` seconds passed first."""

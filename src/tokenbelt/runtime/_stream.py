@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -177,13 +176,7 @@ class Stream:
 
     async def await_released(self, timeout: float | None = None) -> bool:
         """Async ``wait_released()``: True once the trace holds the release time."""
-        if not await self._belt.await_released(timeout):
-            return False
-        if self.trace.released is None:
-            # The belt flags its release a moment before the producer thread records
-            # it in the trace; an answer that carries the trace must show it.
-            return await asyncio.to_thread(self.trace.wait_released, timeout)
-        return True
+        return await self._belt.await_released(timeout)
 
     def __enter__(self) -> Stream:
         return self
