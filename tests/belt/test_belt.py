@@ -878,3 +878,21 @@ async def test_await_released_times_out_while_running() -> None:
     assert await belt.await_released(0.01) is False
     belt.release()
     assert await belt.await_released(NET) is True
+
+
+def test_wait_for_room_is_a_checkpoint_even_with_room() -> None:
+    """A deadline that passed while nobody waited is caught before the next compute."""
+    belt: Belt[str] = Belt(4, deadlines=Deadlines(total=time.monotonic() - 1.0))
+    with pytest.raises(Cancelled) as raised:
+        belt.wait_for_room()
+    assert raised.value.reason is EndReason.TOTAL_TIMEOUT
+    assert belt.end_reason is EndReason.TOTAL_TIMEOUT
+    assert belt.statistics().buffered == 0
+
+
+@pytest.mark.anyio
+async def test_await_for_room_is_a_checkpoint_even_with_room() -> None:
+    belt: Belt[str] = Belt(4, deadlines=Deadlines(total=time.monotonic() - 1.0))
+    with pytest.raises(Cancelled):
+        await belt.await_for_room()
+    assert belt.end_reason is EndReason.TOTAL_TIMEOUT

@@ -298,14 +298,16 @@ class Belt(Generic[T]):
     def _room_ready(self) -> object:
         if self._reason is not None:
             raise Cancelled(self._reason)
-        if len(self._items) < self.capacity:
+        if len(self._items) < self.capacity and self._check_deadlines_locked()[0] is None:
             return None
-        return _WAIT
+        return _WAIT  # full, or a deadline passed: _wait cancels and we raise above
 
     def wait_for_room(self) -> None:
         """Block while the belt is full; raise ``Cancelled`` once it is cancelled.
 
         Call it *before* computing the next item, so a slow reader costs no compute.
+        It is also a checkpoint: a deadline that has passed cancels and raises, even
+        when there is room.
         """
         self._wait(self._room_ready)
 

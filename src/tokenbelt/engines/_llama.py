@@ -6,8 +6,8 @@ Where cancellation lands:
 - *inside* a running ``llama_decode`` through llama.cpp's abort hook, which reads a
   per-request flag the belt's cancel sets;
 - before every decode step: ``belt.wait_for_room()``, which is also where a full
-  belt pauses generation, so a slow reader costs no compute, then ``belt.checkpoint()``
-  for a deadline that passed while nobody was waiting on the belt.
+  belt pauses generation, so a slow reader costs no compute, and where a deadline
+  that passed while nobody was waiting on the belt is noticed.
 
 After any end that is not a natural one, the context forgets everything it held,
 so the next request starts exactly as on a fresh load.
@@ -255,18 +255,19 @@ class LlamaEngine:
             temp=s.temperature,
             repeat_penalty=s.repeat_penalty,
         )
+
+        def flush() -> None:  # text held back for stop strings or an unfinished character
+            tail = stopper.flush() + decoder.decode(b"", final=True)
+            if tail:
+                belt.put(tail)
+
         produced = 0
         try:
             while True:
-                belt.wait_for_room()  # backpressure: a full belt costs no compute
-                # wait_for_room() only sees deadlines while it waits; the step's own
-                # checkpoint catches one that passed while the belt had room.
-                belt.checkpoint()
+                belt.wait_for_room()  # backpressure and the step's checkpoint
                 token = next(steps)  # one decode step (prefill is already done)
                 if is_eog(vocab, token):
-                    tail = stopper.flush() + decoder.decode(b"", final=True)
-                    if tail:
-                        belt.put(tail)
+                    flush()
                     return EndReason.STOP
                 produced += 1
                 trace.completion_tokens = produced
@@ -275,9 +276,7 @@ class LlamaEngine:
                 if hit:
                     return EndReason.STOP
                 if produced >= max_new:
-                    tail = stopper.flush() + decoder.decode(b"", final=True)
-                    if tail:
-                        belt.put(tail)
+                    flush()
                     return EndReason.LENGTH
         finally:
             steps.close()
