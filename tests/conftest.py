@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tokenbelt.belt import invariants
+
+# Every trace event of every test is checked against the timeline's invariants.
+invariants.enable()
+
 # Threads owned by long-lived machinery outside any one test.
 _IGNORED_THREAD_PREFIXES = (
     "asyncio_",
@@ -17,6 +22,16 @@ _IGNORED_THREAD_PREFIXES = (
     "pytest_timeout",
     "tokenbelt-release-watch",  # one per process, like asyncio's own threads
 )
+
+
+@pytest.fixture(autouse=True)
+def timeline_invariants() -> Iterator[None]:
+    """Fail a test during which any request broke a timeline invariant."""
+    invariants.clear()
+    yield
+    broken = invariants.clear()
+    if broken:
+        pytest.fail("timeline invariants broken:\n" + "\n".join(broken))
 
 
 def _foreign_threads(before: set[threading.Thread]) -> list[threading.Thread]:

@@ -867,6 +867,8 @@ def test_invalid_argument_is_public_and_a_value_error() -> None:
 def test_wait_released_times_out_while_running() -> None:
     belt: Belt[int] = Belt(1)
     assert belt.wait_released(0) is False
+    belt.finish()
+    assert belt.wait_released(0) is False
     belt.release()
     assert belt.wait_released(0) is True
 

@@ -249,14 +249,16 @@ def test_a_stop_never_released_alerts_without_waiting_for_the_release(
     assert trace.released is None
     assert trace.release_lagged
     assert re.search(r"req_hung still not released \d+ ms after its stop", caplog.text)
+    trace.mark_ended(EndReason.USER_CANCEL)
     trace.mark_released()  # late: the alert is not raised twice
-    assert kinds == ["cancel_requested", "release_lag", "released"]
+    assert kinds == ["cancel_requested", "release_lag", "ended", "released"]
 
 
 def test_release_within_threshold_is_not_an_alert() -> None:
     lag_events: list[TraceEvent] = []
     trace = Trace(clock=FakeClock(), observers=[lag_events.append])
     trace.mark_cancel_requested(at=100.0)
+    trace.mark_ended(EndReason.USER_CANCEL)
     trace.mark_released(at=100.0 + DEFAULT_RELEASE_LAG_THRESHOLD - 0.1)
     assert "release_lag" not in [e.kind for e in lag_events]
     assert not trace.release_lagged
@@ -266,6 +268,7 @@ def test_release_lag_threshold_is_configurable() -> None:
     lag_events: list[TraceEvent] = []
     trace = Trace(clock=FakeClock(), observers=[lag_events.append], release_lag_threshold=0.05)
     trace.mark_cancel_requested(at=100.0)
+    trace.mark_ended(EndReason.USER_CANCEL)
     trace.mark_released(at=100.2)
     assert [e.kind for e in lag_events][-1] == "release_lag"
 
@@ -281,6 +284,7 @@ def test_slow_release_after_a_natural_end_is_not_an_alert() -> None:
 
 def test_wait_released_wakes_on_release_from_another_thread() -> None:
     trace = Trace()
+    trace.mark_ended(EndReason.STOP)
     assert trace.wait_released(0) is False
     releaser = threading.Thread(target=trace.mark_released, name="test-releaser")
     releaser.start()

@@ -131,7 +131,7 @@ def start(
     belt.trace.subscribe(observe)
     thread = threading.Thread(
         target=belt.produce,
-        args=(lambda b: engine.generate(request, b),),
+        args=(lambda b: engine.generate(request, b.producer),),
         name="test-llama-producer",
     )
     run = Run(belt, thread, events)
@@ -371,7 +371,7 @@ def test_one_request_at_a_time(engine: LlamaEngine, long_prompt: GenerationReque
         time.sleep(0.005)
     try:
         with pytest.raises(IllegalState, match="already generating"):
-            engine.generate(REFERENCE, Belt(4))
+            engine.generate(REFERENCE, Belt[str](4).producer)
     finally:
         run.belt.cancel()
         run.join()

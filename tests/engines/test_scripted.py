@@ -58,7 +58,7 @@ class Run:
         self.belt: Belt[str] = Belt(capacity)
         self.thread = threading.Thread(
             target=self.belt.produce,
-            args=(lambda b: engine.generate(request, b),),
+            args=(lambda b: engine.generate(request, b.producer),),
             name="test-scripted-producer",
             daemon=True,
         )

@@ -78,6 +78,7 @@ def test_a_completed_turn_joins_the_history(chat: ChatSession) -> None:
         "prompt_tokens": 4,
         "completion_tokens": 2,
         "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert chat.history == SYSTEM_MESSAGE + turn("hello there")
 

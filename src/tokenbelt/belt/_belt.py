@@ -25,13 +25,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .._errors import Cancelled, EndOfStream
+from .._errors import Cancelled, EndOfStream, IllegalState
 from ._limits import Deadlines, check_capacity
 from ._reasons import EndReason
+from ._timer import DeadlineTimer
 from ._trace import Trace
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 _WAIT: object = object()
 
@@ -69,6 +69,7 @@ class Belt(Generic[T]):
         *,
         deadlines: Deadlines | None = None,
         trace: Trace | None = None,
+        timer: DeadlineTimer | None = None,
     ) -> None:
         self.capacity = check_capacity(capacity)
         self.trace = trace if trace is not None else Trace()
@@ -82,6 +83,8 @@ class Belt(Generic[T]):
         self._error: BaseException | None = None
         self._released = False
         self._cancel_callbacks: list[Callable[[EndReason], None]] = []
+        self._room_callbacks: list[Callable[[], None]] = []
+        self._timer = timer
         self._produced = 0
         self._consumed = 0
         self._peak = 0
@@ -89,6 +92,7 @@ class Belt(Generic[T]):
         # put an item, or got room on a full belt). It stops while the belt is full, so a
         # slow reader pauses the producer without being taken for a stalled engine.
         self._stall_from: float | None = None
+        self._schedule_deadline()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -137,6 +141,30 @@ class Belt(Generic[T]):
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _schedule_deadline(self) -> None:
+        """Tell the runtime's timer when this belt's next deadline falls, if it has one."""
+        if self._timer is None:
+            return
+        with self._lock:
+            candidates = self._deadline_candidates_locked()
+        if candidates:
+            self._timer.schedule(self, min(when for when, _ in candidates))
+
+    def expire(self) -> float | None:
+        """Cancel with the deadline's reason if one has passed (the timer calls this).
+
+        Returns the time of the next deadline when none has passed yet, else None.
+        """
+        with self._lock:
+            candidates = self._deadline_candidates_locked()
+            if not candidates:
+                return None
+            when, reason = min(candidates, key=lambda c: c[0])
+        if when > self._clock():
+            return when
+        self.cancel(reason)
+        return None
+
     def _notify_locked(self) -> None:
         self._cond.notify_all()
         if self._async_waiters:
@@ -144,6 +172,13 @@ class Belt(Generic[T]):
                 if not loop.is_closed():
                     loop.call_soon_threadsafe(_wake, fut)
             self._async_waiters.clear()
+
+    def _room_locked(self) -> None:
+        """Run the one-shot room callbacks (under the lock: they only wake a loop)."""
+        if self._room_callbacks:
+            callbacks, self._room_callbacks = self._room_callbacks, []
+            for callback in callbacks:
+                callback()
 
     def _deadline_candidates_locked(self) -> list[tuple[float, EndReason]]:
         if self._reason is not None:
@@ -229,6 +264,7 @@ class Belt(Generic[T]):
             item = self._items.popleft()
             self._consumed += 1
             self._notify_locked()
+            self._room_locked()
             return item
         if self._reason is not None:
             self._raise_end_locked()
@@ -257,12 +293,15 @@ class Belt(Generic[T]):
         with self._lock:
             if self._reason is not None:
                 return False
+            # The trace first, under this lock: a producer that sees the cancel (it
+            # needs this lock to) finds the stop and its reason already recorded.
+            self.trace.record_end(reason, cancel_at=self._clock())
             self._reason = reason
             self._items.clear()
             self._notify_locked()
+            self._room_locked()  # a producer waiting for room must look again
             callbacks, self._cancel_callbacks = self._cancel_callbacks, []
-        self.trace.mark_cancel_requested()
-        self.trace.mark_ended(reason)
+        self.trace.flush()
         for callback in callbacks:
             callback(reason)
         return True
@@ -281,6 +320,11 @@ class Belt(Generic[T]):
         return BeltReader(self)
 
     # -- producer side -----------------------------------------------------------------------
+
+    @property
+    def producer(self) -> Producer[T]:
+        """The producer's end: what an engine is given (see ``Producer``)."""
+        return Producer(self)
 
     def checkpoint(self) -> None:
         """Raise ``Cancelled`` if the belt was cancelled or a deadline has passed.
@@ -315,6 +359,47 @@ class Belt(Generic[T]):
         """Async ``wait_for_room()``."""
         await self._await(self._room_ready)
 
+    def has_room(self) -> bool:
+        """Non-blocking: True if a ``put_nowait`` now would not exceed the capacity.
+
+        False once the belt has ended. Also a checkpoint for deadlines: one that has
+        passed cancels the belt here.
+        """
+        with self._lock:
+            if self._reason is not None:
+                return False
+            if len(self._items) < self.capacity and self._check_deadlines_locked()[0] is None:
+                return True
+            expired = self._check_deadlines_locked()[0]
+        if expired is not None:
+            self.cancel(expired)
+        return False
+
+    def on_room(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` once, when a read makes room or the belt ends.
+
+        Returns False (and registers nothing) if there is room or the belt ended
+        already. The callback runs under the belt's lock on the reading or
+        cancelling thread: it must only wake something (set an event).
+        """
+        with self._lock:
+            if self._reason is not None or len(self._items) < self.capacity:
+                return False
+            self._room_callbacks.append(callback)
+            return True
+
+    def put_nowait(self, item: T) -> None:
+        """Add ``item`` without waiting; raises ``Cancelled`` once the belt ended.
+
+        Call it after ``has_room()`` said yes (only the producer adds items, so the
+        room is still there); a put on a full belt raises ``IllegalState``.
+        """
+        with self._lock:
+            full = self._reason is None and len(self._items) >= self.capacity
+        if full:
+            raise IllegalState("put_nowait on a full belt: check has_room() first")
+        self._append(item)
+
     def _append(self, item: T) -> None:
         with self._lock:
             if self._reason is not None:
@@ -343,11 +428,13 @@ class Belt(Generic[T]):
         with self._lock:
             if self._reason is not None:
                 return False
+            self.trace.record_end(reason, error)
             self._reason = reason
             self._error = error
             self._notify_locked()
             self._cancel_callbacks = []
-        self.trace.mark_ended(reason, error)
+            self._room_callbacks = []
+        self.trace.flush()
         return True
 
     def finish(self, reason: EndReason = EndReason.STOP) -> bool:
@@ -361,9 +448,12 @@ class Belt(Generic[T]):
     def start(self) -> None:
         """The producer starts: marks admission and arms the stall deadline."""
         with self._lock:
-            if self._stall_from is None:
+            armed = self._stall_from is None
+            if armed:
                 self._stall_from = self._clock()
         self.trace.mark_admitted()
+        if armed and self._deadlines.stall is not None:
+            self._schedule_deadline()
 
     def release(self) -> None:
         """The engine has let go of the request (producer exited, slot free)."""
@@ -482,3 +572,85 @@ class BeltReader(Generic[T]):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown
             self._belt.close()
+
+
+class Producer(Generic[T]):
+    """The producer's end of a belt: all an engine may do with a request.
+
+    One engine loop may hold many of these (a batch engine serves one per sequence):
+
+    - ``has_room()`` / ``put_nowait()`` / ``on_room()``: the non-blocking protocol, so
+      one loop never blocks on any single reader;
+    - ``wait_for_room()`` / ``put()`` / ``checkpoint()``: the blocking protocol of a
+      thread that serves one request;
+    - ``on_cancel()``, ``cancelled``, ``end_reason``: the stop, as it happens;
+    - ``start()``, ``finish()``, ``fail()``, ``release()``: the request's life;
+    - ``count_prompt()``, ``count_token()``, ``count_cached()``: the trace's counters.
+    """
+
+    __slots__ = ("_belt",)
+
+    def __init__(self, belt: Belt[T]) -> None:
+        self._belt = belt
+
+    @property
+    def trace(self) -> Trace:
+        return self._belt.trace
+
+    @property
+    def capacity(self) -> int:
+        return self._belt.capacity
+
+    @property
+    def cancelled(self) -> bool:
+        return self._belt.cancelled
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        return self._belt.end_reason
+
+    def has_room(self) -> bool:
+        return self._belt.has_room()
+
+    def put_nowait(self, item: T) -> None:
+        self._belt.put_nowait(item)
+
+    def on_room(self, callback: Callable[[], None]) -> bool:
+        return self._belt.on_room(callback)
+
+    def wait_for_room(self) -> None:
+        self._belt.wait_for_room()
+
+    def put(self, item: T) -> None:
+        self._belt.put(item)
+
+    def checkpoint(self) -> None:
+        self._belt.checkpoint()
+
+    def on_cancel(self, callback: Callable[[EndReason], None]) -> None:
+        self._belt.on_cancel(callback)
+
+    def start(self) -> None:
+        self._belt.start()
+
+    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
+        return self._belt.finish(reason)
+
+    def fail(self, error: BaseException) -> bool:
+        return self._belt.fail(error)
+
+    def cancel(self, reason: EndReason) -> bool:
+        """End the request for a reason of the engine's own (``shutdown`` on close)."""
+        return self._belt.cancel(reason)
+
+    def release(self) -> None:
+        self._belt.release()
+
+    def count_prompt(self, tokens: int) -> None:
+        self._belt.trace.prompt_tokens = tokens
+
+    def count_cached(self, tokens: int) -> None:
+        self._belt.trace.cached_tokens = tokens
+
+    def count_token(self) -> None:
+        self._belt.trace.completion_tokens += 1

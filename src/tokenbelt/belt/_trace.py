@@ -8,6 +8,7 @@ serialises to JSON without losing the order of events.
 from __future__ import annotations
 
 import array
+import collections
 import heapq
 import logging
 import secrets
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import _invariants
 from ._reasons import EndReason
 
 logger = logging.getLogger("tokenbelt.trace")
@@ -54,8 +56,14 @@ class Trace:
 
     Marks are set once: the first call wins, later calls are ignored, so the
     producer thread and the consumer may both mark without coordinating.
-    Observers are called synchronously on the thread that caused the event; they
-    must be quick and thread-safe. An observer that raises is logged and skipped.
+
+    Ordering: a fact (a timestamp, the end reason) is recorded under ``_lock``
+    together with its event; events are delivered by ``flush()`` in the order they
+    were recorded, by one thread at a time, so every observer sees the same
+    sequence and never a later fact before an earlier one. Observers run on the
+    delivering thread (the one that caused the event, or one that was delivering
+    this request's earlier events); they must be quick and thread-safe. An
+    observer that raises is logged and skipped.
     """
 
     def __init__(
@@ -80,13 +88,21 @@ class Trace:
         self.end_reason: EndReason | None = None
         self.error: str | None = None
         self.prompt_tokens = 0
+        #: prompt tokens whose KV cells came from the prefix cache instead of compute
+        self.cached_tokens = 0
         self.completion_tokens = 0
         self.buffer_peak = 0
         self.release_lagged = False
+        #: ids of other requests that shared a batched decode step with this one
+        self.batched_with: set[str] = set()
         #: seconds between consecutive tokens as they were produced (4 bytes each)
         self.token_gaps: array.array[float] = array.array("f")
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
+        # Events wait here in the order their facts were recorded; ``flush`` delivers them.
+        self._pending: collections.deque[TraceEvent] = collections.deque()
+        self._emitted: list[str] = []
+        self._flushing = False
         self._released_event = threading.Event()
         # Anchors monotonic times to the wall clock for serialisation.
         self._wall_anchor = time.time() - clock()
@@ -98,24 +114,64 @@ class Trace:
         with self._lock:
             self._observers.append(observer)
 
-    def _emit(self, kind: str, at: float) -> None:
+    def _record_locked(self, kind: str, at: float) -> None:
+        """Queue an event for delivery; the caller holds ``_lock`` and set the fact first."""
+        self._pending.append(TraceEvent(kind, self, at))
+
+    def flush(self) -> None:
+        """Deliver recorded events to the observers, in the order they were recorded.
+
+        One thread delivers at a time and it delivers every pending event, so an event
+        recorded on one thread never overtakes an earlier one recorded on another (a
+        ``released`` never reaches an observer before its ``ended``). A thread that
+        finds another one delivering leaves its events to it and returns at once: an
+        engine thread never waits on another thread's observers. ``wait_released``
+        returns only once the observers have seen the release.
+        """
         with self._lock:
-            observers = list(self._observers)
-        event = TraceEvent(kind, self, at)
+            if self._flushing:
+                return
+            self._flushing = True
+        try:
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        self._flushing = False
+                        return
+                    event = self._pending.popleft()
+                    self._emitted.append(event.kind)
+                    observers = list(self._observers)
+                self._deliver(event, observers)
+        except BaseException:
+            with self._lock:
+                self._flushing = False
+            raise
+
+    def _deliver(self, event: TraceEvent, observers: list[Observer]) -> None:
+        if _invariants.enabled:
+            _invariants.check(event, self._emitted)
         for observer in observers:
             try:
                 observer(event)
             except Exception:
-                logger.exception("trace observer %r failed on %s", observer, kind)
+                logger.exception("trace observer %r failed on %s", observer, event.kind)
+        if event.kind == "released":
+            self._released_event.set()
 
-    def _mark(self, name: str, at: float | None) -> bool:
+    def _record(self, name: str, at: float | None) -> bool:
+        """Set timestamp ``name`` once and queue its event; False if it was already set."""
         when = self.clock() if at is None else at
         with self._lock:
             if getattr(self, name) is not None:
                 return False
             setattr(self, name, when)
-        self._emit(name, when)
+            self._record_locked(name, when)
         return True
+
+    def _mark(self, name: str, at: float | None) -> bool:
+        recorded = self._record(name, at)
+        self.flush()
+        return recorded
 
     # -- marks -------------------------------------------------------------------------------
 
@@ -135,8 +191,37 @@ class Trace:
         if self.first_token is None:
             self._mark("first_token", when)
 
+    def record_end(
+        self,
+        reason: EndReason,
+        error: BaseException | None = None,
+        *,
+        cancel_at: float | None = None,
+    ) -> bool:
+        """Record the end reason (and, for a stop, ``cancel_requested``) without delivering.
+
+        The belt calls this under its own lock, so no thread can act on an end before
+        the trace holds it; the belt then calls ``flush()`` outside the lock. Only the
+        first end counts: returns True if this call recorded it.
+        """
+        watch = False
+        with self._lock:
+            if self.end_reason is not None:
+                return False
+            if cancel_at is not None and self.cancel_requested is None:
+                self.cancel_requested = cancel_at
+                self._record_locked("cancel_requested", cancel_at)
+                watch = self.released is None
+            self.end_reason = reason
+            if error is not None:
+                self.error = f"{type(error).__name__}: {error}"
+            self._record_locked("ended", self.clock())
+        if watch:
+            _WATCH.watch(self)
+        return True
+
     def mark_cancel_requested(self, at: float | None = None) -> None:
-        """Record the stop; if the release has not come ``release_lag_threshold`` seconds
+        """Record a stop; if the release has not come ``release_lag_threshold`` seconds
         later, the ``release_lag`` alert fires then, not only when (if ever) it comes."""
         if self._mark("cancel_requested", at) and self.released is None:
             _WATCH.watch(self)
@@ -146,25 +231,21 @@ class Trace:
             if self.release_lagged:
                 return
             self.release_lagged = True
+            self._record_locked("release_lag", self.clock())
         logger.warning(message, self.request_id, lag * 1000)
-        self._emit("release_lag", self.clock())
+        self.flush()
 
     def mark_ended(self, reason: EndReason, error: BaseException | None = None) -> bool:
-        """Record the end reason; only the first call counts. Returns True if it did."""
-        with self._lock:
-            if self.end_reason is not None:
-                return False
-            self.end_reason = reason
-            if error is not None:
-                self.error = f"{type(error).__name__}: {error}"
-        self._emit("ended", self.clock())
-        return True
+        """Record the end reason and deliver it; only the first call counts."""
+        recorded = self.record_end(reason, error)
+        self.flush()
+        return recorded
 
     def mark_released(self, at: float | None = None) -> None:
         """The engine is done with the request: producer exited, slot free."""
-        if not self._mark("released", at):
+        if not self._record("released", at):
             return
-        self._released_event.set()
+        self.flush()
         lag = self.cancel_to_release
         if lag is not None and lag > self.release_lag_threshold:
             self._alert_lag("request %s released %.0f ms after it was asked to stop", lag)
@@ -232,11 +313,13 @@ class Trace:
             "end_to_end_ms": ms(self.end_to_end),
             "decode_tok_s": None if self.decode_rate is None else round(self.decode_rate, 3),
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "buffer_peak": self.buffer_peak,
             "end_reason": None if self.end_reason is None else self.end_reason.value,
             "error": self.error,
             "release_lagged": self.release_lagged,
+            "batched_with": sorted(self.batched_with),
         }
 
     def __repr__(self) -> str:

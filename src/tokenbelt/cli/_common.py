@@ -58,3 +58,26 @@ def fail(message: str, status: int = 1) -> NoReturn:
     """Print a one-line error to stderr and exit."""
     print(f"tokenbelt: error: {message}", file=sys.stderr)
     raise SystemExit(status)
+
+
+def add_thread_options(p: argparse.ArgumentParser) -> None:
+    """``--threads``, ``--threads-batch`` and ``--prefill-chunk``, shared by the commands
+    that load a model."""
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="llama.cpp decode threads (default: every core this process may use)",
+    )
+    p.add_argument(
+        "--threads-batch",
+        type=positive_int,
+        default=None,
+        help="llama.cpp prompt threads (default: every core this process may use)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=128,
+        help="most prompt tokens per batched step while others decode (default 128)",
+    )

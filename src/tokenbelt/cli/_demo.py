@@ -49,7 +49,7 @@ def run_demo(
     belt.trace.mark_enqueued()
     producer = threading.Thread(
         target=belt.produce,
-        args=(lambda b: engine.generate(request, b),),
+        args=(lambda b: engine.generate(request, b.producer),),
         name="tokenbelt-demo-producer",
     )
     start = time.monotonic()

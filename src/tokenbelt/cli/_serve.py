@@ -10,7 +10,15 @@ import socket
 import sys
 
 from ..runtime import DEFAULT_ALIAS
-from ._common import Parser, duration, fail, non_negative_int, positive_duration, positive_int
+from ._common import (
+    Parser,
+    add_thread_options,
+    duration,
+    fail,
+    non_negative_int,
+    positive_duration,
+    positive_int,
+)
 
 logger = logging.getLogger("tokenbelt.server")
 
@@ -44,7 +52,12 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.add_argument("--capacity", type=positive_int, default=8, help="belt capacity per request")
-    p.add_argument("--slots", type=positive_int, default=1, help="parallel contexts")
+    p.add_argument(
+        "--slots",
+        type=positive_int,
+        default=1,
+        help="requests decoded together, batched in one context (default 1)",
+    )
     p.add_argument("--queue-size", type=positive_int, default=16, help="admission queue length")
     p.add_argument("--first-token-timeout", type=positive_duration, help="seconds")
     p.add_argument("--total-timeout", type=positive_duration, help="seconds")
@@ -56,7 +69,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=300.0,
         help="seconds idle before unloading (0 = never)",
     )
-    p.add_argument("--n-ctx", type=positive_int, default=4096, help="context window in tokens")
+    p.add_argument(
+        "--n-ctx", type=positive_int, default=4096, help="tokens each request may hold (default 4096)"
+    )
+    add_thread_options(p)
     p.add_argument(
         "--api-key",
         default=os.environ.get("TOKENBELT_API_KEY"),
@@ -112,6 +128,9 @@ def main(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         keep_alive=args.keep_alive or None,
         n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        n_threads_batch=args.threads_batch,
+        prefill_chunk=args.prefill_chunk,
     )
     app = create_app(
         runtime, settings, load=args.alias, load_options={"load_timeout": args.load_timeout}

@@ -1,10 +1,15 @@
 """The engine interface: what produces tokens into a belt.
 
-An engine instance owns one context (one *slot*). ``generate`` runs on the
-producer thread the runtime gives it, blocks until the request ends, and talks to
-the belt only through the producer protocol (``wait_for_room``, ``checkpoint``,
-``put``). The runtime calls ``belt.produce(engine.generate...)``, which records the
-end reason and the release.
+Two shapes, one producer contract (``belt.Producer``: the producer's end of a
+request's belt, never the consumer's):
+
+- a thread engine owns one context (one *slot*): ``generate(request, producer)``
+  runs on the producer thread the runtime gives it and blocks until the request
+  ends; the runtime wraps it in ``belt.produce``, which records the end reason and
+  the release;
+- a batch engine (``BatchEngine``) has ``slots`` and a non-blocking
+  ``start(request, producer, on_exit)``: one loop of its own serves every admitted
+  request and records each one's end and release itself.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
 from .._errors import InvalidArgument
-from ..belt import Belt, EndReason
+from ..belt import EndReason, Producer
 
 
 class Message(TypedDict):
@@ -127,13 +132,13 @@ class Engine(Protocol):
         """
         ...
 
-    def generate(self, request: GenerationRequest, belt: Belt[str]) -> EndReason:
-        """Produce text pieces into ``belt`` until the request ends; blocking.
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
+        """Produce text pieces into ``producer`` until the request ends; blocking.
 
         Waits for room before computing each token (backpressure), checks the belt
         at every safe point and raises ``Cancelled`` when it was cancelled. Returns
-        ``stop`` or ``length``. Sets ``belt.trace.prompt_tokens`` and increments
-        ``belt.trace.completion_tokens`` as soon as each token is sampled. Before it
+        ``stop`` or ``length``. Counts prompt and completion tokens on the producer
+        (``count_prompt``, ``count_token``) as soon as they are known. Before it
         returns or raises, the context is ready for the next request.
         """
         ...

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, PromptTooLong
-from ..belt import Belt, EndReason
+from ..belt import EndReason, Producer
 from ._base import GenerationRequest, SamplingParams
 from ._loading import check_gguf_file, load_with_deadline
 
@@ -77,6 +77,24 @@ def _flag_abort_callback() -> Any:
         return llama_cpp.ggml_abort_callback(
             lambda data: bool(ctypes.cast(data, ctypes.POINTER(ctypes.c_char))[0] != b"\0")
         )
+
+
+def chat_formatter(model: Any) -> Any:
+    """A chat formatter from the GGUF's own template (None if it has none).
+
+    ``model`` is llama-cpp-python's ``_internals.LlamaModel``.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = model.metadata().get("tokenizer.chat_template")
+    if not template:
+        return None
+    eos, bos = model.token_eos(), model.token_bos()
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=model.token_get_text(eos) if eos != -1 else "",
+        bos_token=model.token_get_text(bos) if bos != -1 else "",
+    )
 
 
 class _StopMatcher:
@@ -156,7 +174,7 @@ class LlamaEngine:
         self._busy = threading.Lock()
         self._conversation: str | None = None
         self._closed = False
-        self._formatter = self._chat_formatter()
+        self._formatter = chat_formatter(self._llm._model)
 
     @classmethod
     def load(
@@ -172,20 +190,6 @@ class LlamaEngine:
         )
 
     # -- prompts -----------------------------------------------------------------------------
-
-    def _chat_formatter(self) -> Any:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        template = self._llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            return None
-        model = self._llm._model
-        eos, bos = self._llm.token_eos(), self._llm.token_bos()
-        return Jinja2ChatFormatter(
-            template=template,
-            eos_token=model.token_get_text(eos) if eos != -1 else "",
-            bos_token=model.token_get_text(bos) if bos != -1 else "",
-        )
 
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
@@ -221,7 +225,7 @@ class LlamaEngine:
         self._llm._ctx.kv_cache_seq_rm(-1, 0, -1)
         self._conversation = None
 
-    def _prefill(self, tokens: list[int], conversation_id: str | None, belt: Belt[str]) -> None:
+    def _prefill(self, tokens: list[int], conversation_id: str | None, belt: Producer[str]) -> None:
         llm = self._llm
         reuse = 0
         if conversation_id is not None and conversation_id == self._conversation:
@@ -238,7 +242,7 @@ class LlamaEngine:
             llm.eval(tokens[start : start + self.prefill_chunk])
         belt.checkpoint()
 
-    def _decode(self, tokens: list[int], s: SamplingParams, belt: Belt[str]) -> EndReason:
+    def _decode(self, tokens: list[int], s: SamplingParams, belt: Producer[str]) -> EndReason:
         llm = self._llm
         llm.set_seed(s.seed if s.seed is not None else random.getrandbits(31))
         max_new = min(s.max_tokens, self.context_length - len(tokens))
@@ -246,7 +250,6 @@ class LlamaEngine:
         is_eog = self._lib.llama_vocab_is_eog
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stopper = _StopMatcher(s.stop)
-        trace = belt.trace
         steps = llm.generate(
             tokens,
             top_k=s.top_k,
@@ -270,7 +273,7 @@ class LlamaEngine:
                     flush()
                     return EndReason.STOP
                 produced += 1
-                trace.completion_tokens = produced
+                belt.count_token()
                 text, hit = stopper.feed(decoder.decode(llm.detokenize([token])))
                 belt.put(text)
                 if hit:
@@ -281,7 +284,7 @@ class LlamaEngine:
         finally:
             steps.close()
 
-    def generate(self, request: GenerationRequest, belt: Belt[str]) -> EndReason:
+    def generate(self, request: GenerationRequest, belt: Producer[str]) -> EndReason:
         if self._closed:
             raise IllegalState("the engine is closed")
         if not self._busy.acquire(blocking=False):
@@ -291,7 +294,7 @@ class LlamaEngine:
         hooked = False
         try:
             tokens = self.tokenize_request(request)
-            belt.trace.prompt_tokens = len(tokens)
+            belt.count_prompt(len(tokens))
             if len(tokens) + 1 > self.context_length:
                 raise PromptTooLong(
                     f"the prompt has {len(tokens)} tokens but the context window holds "

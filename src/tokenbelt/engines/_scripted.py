@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from .._errors import DecodeError, InvalidArgument, PromptTooLong
-from ..belt import Belt, EndReason, check_duration
+from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
 
 
@@ -65,31 +65,31 @@ class ScriptedEngine:
             )
         return n
 
-    def _sleep(self, seconds: float, belt: Belt[str], woken: threading.Event) -> None:
+    def _sleep(self, seconds: float, producer: Producer[str], woken: threading.Event) -> None:
         if seconds > 0:
             woken.wait(seconds)
-        belt.checkpoint()
+        producer.checkpoint()
 
-    def generate(self, request: GenerationRequest, belt: Belt[str]) -> EndReason:
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
         if self.closed:
             raise DecodeError("the engine is closed")
         woken = threading.Event()
-        belt.on_cancel(lambda _reason: woken.set())
-        belt.trace.prompt_tokens = self.count_prompt_tokens(request)
-        self._sleep(self.prefill_delay, belt, woken)
+        producer.on_cancel(lambda _reason: woken.set())
+        producer.count_prompt(self.count_prompt_tokens(request))
+        self._sleep(self.prefill_delay, producer, woken)
         limit = request.sampling.max_tokens
         for i, token in enumerate(self.tokens):
             if i >= limit:
                 return EndReason.LENGTH
-            belt.wait_for_room()
+            producer.wait_for_room()
             if self.gate is not None:
                 self.gate.wait()
-            self._sleep(self.delay, belt, woken)
+            self._sleep(self.delay, producer, woken)
             if self.fail_after is not None and i >= self.fail_after:
                 raise DecodeError(f"scripted failure after {i} tokens")
             self.tokens_computed += 1
-            belt.trace.completion_tokens += 1
-            belt.put(token)
+            producer.count_token()
+            producer.put(token)
         return EndReason.STOP
 
     def close(self) -> None:

@@ -128,7 +128,7 @@ def _run(
     belt.trace.mark_enqueued()
     producer = threading.Thread(
         target=belt.produce,
-        args=(lambda b: engine.generate(request, b),),
+        args=(lambda b: engine.generate(request, b.producer),),
         name=f"tokenbelt-probe-{step}",
     )
     producer.start()

@@ -10,7 +10,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import IllegalState, InvalidArgument, ModelLoading, RuntimeClosed
-from ..belt import Belt, Limits, Observer, Trace, check_capacity, new_request_id
+from ..belt import (
+    Belt,
+    DeadlineTimer,
+    Limits,
+    Observer,
+    Trace,
+    check_capacity,
+    new_request_id,
+)
 from ..engines import Engine, GenerationRequest, Message, SamplingParams
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._stream import Reply, Stream
@@ -77,6 +85,7 @@ class Model:
         keep_alive: float | None = 300.0,
         observers: Sequence[Observer] = (),
         info: dict[str, Any] | None = None,
+        timer: DeadlineTimer | None = None,
     ) -> None:
         self.name = name
         self.capacity = check_capacity(capacity)
@@ -85,6 +94,9 @@ class Model:
         self.keep_alive = keep_alive
         self.info: dict[str, Any] = dict(info or {})
         self._engine_factory = engine_factory
+        # Deadlines fire from one timer (the runtime's), whether or not anyone reads.
+        self._own_timer = timer is None
+        self._timer = timer if timer is not None else DeadlineTimer()
         # Not a copy: the runtime's own list, so that ``Runtime.subscribe`` (the HTTP
         # server's metrics, for one) also reaches models registered before it.
         self._observers = observers if isinstance(observers, list) else list(observers)
@@ -200,6 +212,8 @@ class Model:
             sched.close(timeout)
             for engine in sched.engines:
                 engine.close()
+        if self._own_timer:
+            self._timer.close()
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -234,6 +248,7 @@ class Model:
             capacity if capacity is not None else self.capacity,
             deadlines=lim.deadlines(trace.clock()),
             trace=trace,
+            timer=self._timer,
         )
         stream = Stream(belt, on_complete=on_complete)
         sched.submit(request, belt)

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import RuntimeClosed, UnknownModel
-from ..belt import Limits, Observer, check_capacity
-from ..engines import Engine, LlamaEngine
+from ..belt import DeadlineTimer, Limits, Observer, check_capacity
+from ..engines import BatchEngine, Engine
+from ..engines._threads import default_threads
 from ..models import DEFAULT_ALIAS, resolve_and_fetch
 from ._model import Model
 
@@ -21,13 +22,15 @@ logger = logging.getLogger("tokenbelt.runtime")
 class Runtime:
     """Catalog, cache and loaded models; a context manager (sync and async).
 
-    Defaults given here apply to every model it loads: ``slots`` (separate
-    contexts, one request each), ``queue_size`` (the bounded admission queue),
+    Defaults given here apply to every model it loads: ``slots`` (sequences
+    batched in one context; each may hold ``n_ctx`` tokens), ``queue_size`` (the bounded admission queue),
     ``capacity`` (belt length: how far generation may run ahead of a reader),
     ``limits`` (deadlines) and ``keep_alive`` (seconds idle before a model is
     unloaded; ``None`` keeps it). ``n_threads`` and ``n_threads_batch`` are
-    llama.cpp's decode and prompt thread counts (``None``: the binding's defaults,
-    half the cores for decoding and all of them for prompts). ``close()`` cancels everything with
+    llama.cpp's decode and prompt thread counts (``None``: every core this process
+    may use, for both). ``prefill_chunk`` is the most prompt tokens one batched step
+    takes while other sequences decode (smaller: smoother running streams, slower
+    first token for a long new prompt). ``close()`` cancels everything with
     ``shutdown``, waits for every release, then unloads.
     """
 
@@ -42,6 +45,7 @@ class Runtime:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
+        prefill_chunk: int = 128,
         observers: Sequence[Observer] = (),
     ) -> None:
         self.slots = check_capacity(slots, name="slots")
@@ -53,9 +57,11 @@ class Runtime:
         self.n_threads = n_threads
         self.n_threads_batch = n_threads_batch
         self._observers: list[Observer] = list(observers)
+        self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
         self._models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._timer = DeadlineTimer()
 
     # -- observers ---------------------------------------------------------------------------
 
@@ -128,6 +134,7 @@ class Runtime:
             "limits": self.limits,
             "keep_alive": self.keep_alive,
             "observers": self._observers,
+            "timer": self._timer,
         }
         # None means "the runtime's default", except for keep_alive where it means "never".
         params.update(
@@ -158,18 +165,28 @@ class Runtime:
         name = self.name_for(alias)
         path, info = self._resolve(alias, device, progress)
 
+        threads, threads_batch = default_threads()
+        info.update(
+            slots=n_slots,
+            n_ctx_per_seq=self.n_ctx,
+            threads=self.n_threads or threads,
+            threads_batch=self.n_threads_batch or threads_batch,
+            prefill_chunk=self.prefill_chunk,
+        )
+
         def factory() -> list[Engine]:
             return [
-                LlamaEngine.load(
+                BatchEngine.load(
                     path,
                     load_timeout=timeout,
+                    slots=n_slots,
                     n_ctx=self.n_ctx,
                     n_threads=self.n_threads,
                     n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=info.get("n_gpu_layers", 0),
+                    prefill_chunk=self.prefill_chunk,
                     name=name,
                 )
-                for _ in range(n_slots)
             ]
 
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
@@ -220,6 +237,7 @@ class Runtime:
             self._models.clear()
         for model in models:
             model.close()
+        self._timer.close()
 
     def __enter__(self) -> Runtime:
         return self

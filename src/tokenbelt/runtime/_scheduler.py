@@ -1,9 +1,12 @@
 """Slots and the bounded FIFO admission queue of one model.
 
-Each slot is one engine (one context) serving one request at a time, on a
-producer thread of its own. A request that finds no free slot waits in the queue;
-a full queue rejects at once. A queued request that is cancelled (or whose
-first-token deadline passes) leaves the queue immediately and is released.
+A slot serves one request at a time. A batch engine (one with ``start``) brings
+``engine.slots`` slots of one context and runs every admitted request in its own
+loop; any other engine is one slot whose request runs on a producer thread of
+its own. A request that finds no free slot waits in the queue; a full queue
+rejects at once. A queued request that is cancelled, or whose deadline passes
+(the runtime's deadline timer fires it, reader or not), leaves the queue at once
+and is released.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ class SchedulerStatistics:
     queue_peak: int
 
 
+def _slots_of(engine: Engine) -> int:
+    return max(1, int(getattr(engine, "slots", 1)))
+
+
 class _Job:
     __slots__ = ("belt", "request")
 
@@ -57,7 +64,9 @@ class Scheduler:
         self._on_idle = on_idle
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._free: list[Engine] = list(engines)
+        # One entry per slot: a batch engine appears once for each of its sequences.
+        self._free: list[Engine] = [e for e in engines for _ in range(_slots_of(e))]
+        self.slots = len(self._free)
         self._queue: collections.deque[_Job] = collections.deque()
         self._running: dict[int, _Job] = {}
         self._queue_peak = 0
@@ -67,7 +76,7 @@ class Scheduler:
     def statistics(self) -> SchedulerStatistics:
         with self._lock:
             return SchedulerStatistics(
-                slots=len(self.engines),
+                slots=self.slots,
                 running=len(self._running),
                 queued=len(self._queue),
                 queue_size=self.queue_size,
@@ -113,8 +122,15 @@ class Scheduler:
         job.belt.release()
 
     def _start_locked(self, job: _Job, engine: Engine) -> None:
+        self._running[id(job)] = job
+        start = getattr(engine, "start", None)
+        if start is not None:
+            # A batch engine: its loop admits the request; no thread of our own.
+            start(job.request, job.belt.producer, lambda: self._finished(job, engine))
+            return
+
         def target(belt: Belt[str]) -> EndReason:
-            return engine.generate(job.request, belt)
+            return engine.generate(job.request, belt.producer)
 
         thread = threading.Thread(
             target=job.belt.produce,
@@ -123,7 +139,6 @@ class Scheduler:
             name=f"tokenbelt-{engine.name}-{job.belt.trace.request_id}",
             daemon=True,
         )
-        self._running[id(job)] = job
         self._threads = [t for t in self._threads if t.is_alive()]
         self._threads.append(thread)
         thread.start()

@@ -17,16 +17,19 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    #: prompt tokens taken from the prefix cache instead of computed
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 
@@ -91,7 +94,11 @@ class Stream:
     @property
     def usage(self) -> Usage:
         t = self._belt.trace
-        return Usage(prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens)
+        return Usage(
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=t.completion_tokens,
+            cached_tokens=t.cached_tokens,
+        )
 
     def statistics(self) -> BeltStatistics:
         """The belt's fill, peak, produced and consumed counts."""

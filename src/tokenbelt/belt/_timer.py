@@ -1,0 +1,87 @@
+"""One deadline timer per runtime: deadlines fire whether or not anyone reads.
+
+A heap of (when, belt) entries served by one thread, as trio keeps its cancel
+scopes' deadlines in one heap in the run loop. Entries are lazy: a belt whose
+deadline moved later (the stall clock restarted) is simply looked at again when
+its old entry comes up, and asks to be scheduled for its new time; an ended belt
+is dropped. Belts are held weakly, so an entry never keeps a request alive.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._belt import Belt
+
+
+class DeadlineTimer:
+    """Fires each scheduled belt's deadlines at their time, on one daemon thread.
+
+    ``schedule`` is thread-safe and never blocks on a belt. The thread runs from
+    construction to ``close()``.
+    """
+
+    def __init__(
+        self, *, name: str = "tokenbelt-deadlines", clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, weakref.ref[Belt[Any]]]] = []
+        self._ids = itertools.count()
+        self._closed = False
+        # Started now, not with the first deadline: the thread's life is the owner's
+        # (a runtime), from construction to ``close()``.
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name=name, daemon=True
+        )
+        self._thread.start()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._heap)
+
+    def schedule(self, belt: Belt[Any], when: float) -> None:
+        """Look at ``belt`` at monotonic time ``when`` (it cancels itself if expired)."""
+        with self._cond:
+            if self._closed:
+                return
+            heapq.heappush(self._heap, (when, next(self._ids), weakref.ref(belt)))
+            if self._heap[0][0] == when:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._heap:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                when, _, ref = self._heap[0]
+                remaining = when - self._clock()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                heapq.heappop(self._heap)
+            belt = ref()
+            if belt is None:
+                continue
+            later = belt.expire()
+            if later is not None:
+                self.schedule(belt, later)
+
+    def close(self) -> None:
+        """Stop the thread; pending deadlines are dropped (their belts end otherwise)."""
+        with self._cond:
+            self._closed = True
+            self._heap.clear()
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)

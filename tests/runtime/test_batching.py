@@ -1,0 +1,240 @@
+"""Many streams on one model: batched in one context, each still bounded, stoppable, timed.
+
+One runtime with four slots (four sequences of one llama.cpp context) serves the
+module. "Tokens computed" is ``trace.completion_tokens`` (counted when a token is
+sampled); a ``Recorder`` keeps it at the moment of each cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenbelt import EndReason, Limits, Model, Runtime, Stream
+from tokenbelt.engines import BatchEngine, Message
+from tokenbelt.models import default_model_path
+
+from . import NET, Recorder, wait_until
+
+pytestmark = pytest.mark.model
+
+SLOTS = 4
+GREEDY: dict[str, Any] = {"temperature": 0.0}
+SEA: list[Message] = [{"role": "user", "content": "Tell me about the sea."}]
+HELLO: list[Message] = [{"role": "user", "content": "Say hello."}]
+ARTIFACTS = Path(os.environ.get("TOKENBELT_ARTIFACTS", "test-artifacts"))
+
+
+def long_text(words: int) -> str:
+    return " ".join(f"word{i % 97}" for i in range(words))
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture(scope="module")
+def runtime(recorder: Recorder) -> Iterator[Runtime]:
+    rt = Runtime(slots=SLOTS, keep_alive=None, n_ctx=2048, observers=[recorder])
+    try:
+        yield rt
+    finally:
+        rt.close()
+
+
+@pytest.fixture(scope="module")
+def model(runtime: Runtime) -> Model:
+    return runtime.load(str(default_model_path()))
+
+
+def engine_of(model: Model) -> BatchEngine:
+    engine = model.engines[0]
+    assert isinstance(engine, BatchEngine)
+    return engine
+
+
+def read_all(stream: Stream) -> threading.Thread:
+    t = threading.Thread(target=stream.read, name=f"reader-{stream.request_id}", daemon=True)
+    t.start()
+    return t
+
+
+def test_one_context_serves_four_sequences(model: Model) -> None:
+    engine = engine_of(model)
+    assert engine.slots == SLOTS
+    assert model.statistics().slots == SLOTS
+    assert model.info["slots"] == SLOTS
+    assert model.info["n_ctx_per_seq"] == 2048
+    assert model.info["threads"] >= 1
+
+
+def test_stops_in_prefill_and_decode_leave_the_two_survivors_alone(
+    model: Model, recorder: Recorder
+) -> None:
+    before = engine_of(model).statistics()
+    survivors = [model.stream(SEA, max_tokens=48, **GREEDY) for _ in range(2)]
+    readers = [read_all(s) for s in survivors]
+    in_decode = model.stream(SEA, max_tokens=400, capacity=64, **GREEDY)
+    wait_until(lambda: in_decode.trace.completion_tokens >= 5, "decode of the third stream")
+    in_prefill = model.stream(prompt=long_text(900), max_tokens=16, **GREEDY)
+    wait_until(lambda: in_prefill.trace.admitted is not None, "admission of the long prompt")
+
+    assert in_prefill.cancel() and in_decode.cancel()
+    for stream in (in_prefill, in_decode):
+        assert stream.wait_released(NET)
+    at_prefill_cancel = recorder.wait(in_prefill.request_id, "cancel_requested")
+    at_decode_cancel = recorder.wait(in_decode.request_id, "cancel_requested")
+    # Out before the next step: at most the token of the step in flight is computed.
+    assert in_decode.trace.completion_tokens - at_decode_cancel.completion_tokens <= 1
+    assert at_prefill_cancel.completion_tokens == 0
+    assert in_prefill.trace.first_token is None
+    for stream in (in_prefill, in_decode):
+        assert stream.end_reason is EndReason.USER_CANCEL
+        assert stream.trace.cancel_to_release is not None
+        assert stream.trace.cancel_to_release < 1.0
+
+    for t in readers:
+        t.join(NET)
+    for s in survivors:
+        assert s.end_reason is EndReason.LENGTH  # a cancelled neighbour changed nothing
+        assert s.trace.completion_tokens == 48
+    assert survivors[0].text == survivors[1].text  # same greedy prompt, same text
+    after = engine_of(model).statistics()
+    assert after.steps > before.steps
+    assert after.sequences_per_step > 1.0  # they really ran together
+    peers = set(survivors[0].trace.batched_with)
+    assert survivors[1].request_id in peers
+
+
+def test_a_paused_reader_holds_only_its_own_stream(model: Model) -> None:
+    paused = model.stream(SEA, max_tokens=200, capacity=4, **GREEDY)
+    others = [model.stream(SEA, max_tokens=40, **GREEDY) for _ in range(3)]
+    readers = [read_all(s) for s in others]
+    for t in readers:
+        t.join(NET)
+    for s in others:
+        assert s.end_reason is EndReason.LENGTH
+        assert s.trace.decode_rate is not None
+    # Never more than capacity + 1 ahead (the step in flight) while nobody reads it.
+    assert paused.trace.completion_tokens <= 4 + 1
+    assert paused.statistics().buffered <= 4
+    assert paused.end_reason is None
+    # Reading again resumes it.
+    pieces = iter(paused)
+    for _ in range(10):
+        next(pieces)
+    assert paused.trace.completion_tokens >= 10
+    paused.cancel()
+    assert paused.wait_released(NET)
+
+
+def test_a_queued_request_times_out_at_its_deadline_with_no_reader(model: Model) -> None:
+    holders = [model.stream(SEA, max_tokens=400, capacity=1, **GREEDY) for _ in range(SLOTS)]
+    wait_until(lambda: all(h.trace.first_token for h in holders), "all slots busy")
+    queued = model.stream(HELLO, limits=Limits(first_token=0.2), **GREEDY)
+    assert model.statistics().queued == 1
+    try:
+        # Nobody reads ``queued``: the runtime's deadline timer must end it.
+        assert queued.wait_released(NET)
+        trace = queued.trace
+        assert queued.end_reason is EndReason.FIRST_TOKEN_TIMEOUT
+        assert trace.admitted is None  # it left the queue, never took a slot
+        assert trace.enqueued is not None and trace.released is not None
+        late = trace.released - (trace.enqueued + 0.2)
+        assert 0 <= late < 0.05, f"released {late * 1000:.1f} ms after its deadline"
+        assert model.statistics().queued == 0
+    finally:
+        for h in holders:
+            h.cancel()
+        for h in holders:
+            assert h.wait_released(NET)
+
+
+def test_running_streams_keep_producing_through_a_long_prefill(model: Model) -> None:
+    running = [model.stream(SEA, max_tokens=300, **GREEDY) for _ in range(3)]
+    readers = [read_all(s) for s in running]
+    wait_until(lambda: all(s.trace.completion_tokens >= 5 for s in running), "decode")
+    long = model.stream(prompt=long_text(1200), max_tokens=4, **GREEDY)
+    admitted_tokens = [s.trace.completion_tokens for s in running]
+    wait_until(lambda: long.trace.first_token is not None, "the long prompt's first token")
+    during = [s.trace.completion_tokens - n for s, n in zip(running, admitted_tokens, strict=True)]
+    prefill_s = long.trace.first_token - (long.trace.admitted or 0.0)  # type: ignore[operator]
+    long.read()
+    for s in running:
+        s.cancel()
+    for t in readers:
+        t.join(NET)
+    gaps = [max(s.trace.token_gaps) for s in running]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "batch-prefill-gaps.json").write_text(
+        json.dumps(
+            {
+                "prompt_tokens": long.trace.prompt_tokens,
+                "prefill_ms": round(prefill_s * 1000, 1),
+                "tokens_during_prefill": during,
+                "max_gap_ms": [round(g * 1000, 1) for g in gaps],
+                "prefill_chunk": model.info["prefill_chunk"],
+            }
+        )
+    )
+    assert long.trace.prompt_tokens > 1000
+    # Each running stream kept producing while the long prompt was evaluated in chunks.
+    assert all(n >= 3 for n in during), during
+    # No gap as long as the whole prefill: the budget splits it across steps.
+    assert max(gaps) < prefill_s, (gaps, prefill_s)
+
+
+def test_prefix_cache_reuses_a_shared_system_prompt(model: Model) -> None:
+    system = "You answer questions about this text. " + long_text(420)
+    first = model.stream(
+        [{"role": "system", "content": system}, {"role": "user", "content": "First?"}],
+        max_tokens=4,
+        **GREEDY,
+    )
+    first.read()
+    second = model.stream(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Second?"}],
+        max_tokens=4,
+        **GREEDY,
+    )
+    reply = second.read()
+    assert first.trace.prompt_tokens > 450
+    assert reply.trace.cached_tokens > 400
+    assert reply.trace.cached_tokens < reply.trace.prompt_tokens
+    assert second.trace.to_dict()["cached_tokens"] == reply.trace.cached_tokens
+    ttft_1 = first.trace.time_to_first_token
+    ttft_2 = second.trace.time_to_first_token
+    assert ttft_1 is not None and ttft_2 is not None
+    assert ttft_2 < ttft_1
+
+
+def test_greedy_text_alone_and_beside_other_sequences(model: Model) -> None:
+    """Greedy output of one prompt, alone and in a batch of four, is the same text.
+
+    (Measured equal on this build: llama.cpp's CPU kernels compute each row of a
+    batch independently, so neighbours do not change a sequence's logits.)
+    """
+    alone = model.stream(SEA, max_tokens=32, **GREEDY).read().text
+    together = [model.stream(SEA if i == 0 else HELLO, max_tokens=32, **GREEDY) for i in range(4)]
+    readers = [read_all(s) for s in together]
+    for t in readers:
+        t.join(NET)
+    assert together[0].text == alone
+
+
+def test_a_prompt_longer_than_a_sequence_is_refused_before_queueing(model: Model) -> None:
+    from tokenbelt import PromptTooLong
+
+    before = model.statistics()
+    with pytest.raises(PromptTooLong, match="each sequence holds 2048"):
+        model.stream(prompt=long_text(3000))
+    assert model.statistics().queued == before.queued
+    time.sleep(0)  # nothing else to wait for: the refusal happened before any compute
