@@ -84,7 +84,9 @@ def _fire(cause: str, rt: Runtime, name: str, stream: Stream) -> None:
     elif cause == "disconnect":
         stream.cancel(EndReason.CLIENT_DISCONNECT)
     elif cause == "shutdown":
-        rt.models[name].close()
+        model = rt.models.get(name)  # gone if "unload" came first
+        if model is not None:
+            model.close()
     elif cause == "unload":
         try:
             rt.unload(name)
