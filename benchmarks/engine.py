@@ -85,7 +85,9 @@ def _start(
     belt.on_cancel(lambda _r: at_cancel.setdefault("tokens", belt.trace.completion_tokens))
     belt.trace.mark_enqueued()
     thread = threading.Thread(
-        target=belt.produce, args=(lambda b: engine.generate(request, b.producer),), name="bench-engine"
+        target=belt.produce,
+        args=(lambda b: engine.generate(request, b.producer),),
+        name="bench-engine",
     )
     thread.start()
     return belt, thread, at_cancel
@@ -119,7 +121,9 @@ def decode_engine(engine: LlamaEngine, request: GenerationRequest) -> DecodeRun:
     belt.trace.subscribe(observe)
     belt.trace.mark_enqueued()
     thread = threading.Thread(
-        target=belt.produce, args=(lambda b: engine.generate(request, b.producer),), name="bench-engine"
+        target=belt.produce,
+        args=(lambda b: engine.generate(request, b.producer),),
+        name="bench-engine",
     )
     thread.start()
     reader_start = time.thread_time()

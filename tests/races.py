@@ -229,5 +229,3 @@ def summary(out: Outcome, totals: Counter[str]) -> Iterator[str]:
     yield f"invariant violations: {len(invariants.violations())}"
     yield f"problems: {len(out.problems)}"
     yield from (f"  {p}" for p in out.problems)
-
-

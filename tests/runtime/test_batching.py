@@ -32,8 +32,12 @@ HELLO: list[Message] = [{"role": "user", "content": "Say hello."}]
 ARTIFACTS = Path(os.environ.get("TOKENBELT_ARTIFACTS", "test-artifacts"))
 
 
+_WORDS = "the sea is wide and deep and blue under a grey sky with ships on it".split()
+
+
 def long_text(words: int) -> str:
-    return " ".join(f"word{i % 97}" for i in range(words))
+    """About one token per word on the default model."""
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +197,7 @@ def test_running_streams_keep_producing_through_a_long_prefill(model: Model) -> 
 
 
 def test_prefix_cache_reuses_a_shared_system_prompt(model: Model) -> None:
-    system = "You answer questions about this text. " + long_text(420)
+    system = "You answer questions about this text. " + long_text(500)
     first = model.stream(
         [{"role": "system", "content": system}, {"role": "user", "content": "First?"}],
         max_tokens=4,
@@ -206,8 +210,8 @@ def test_prefix_cache_reuses_a_shared_system_prompt(model: Model) -> None:
         **GREEDY,
     )
     reply = second.read()
-    assert first.trace.prompt_tokens > 450
-    assert reply.trace.cached_tokens > 400
+    assert first.trace.prompt_tokens > 500
+    assert reply.trace.cached_tokens > 500
     assert reply.trace.cached_tokens < reply.trace.prompt_tokens
     assert second.trace.to_dict()["cached_tokens"] == reply.trace.cached_tokens
     ttft_1 = first.trace.time_to_first_token
@@ -217,17 +221,36 @@ def test_prefix_cache_reuses_a_shared_system_prompt(model: Model) -> None:
 
 
 def test_greedy_text_alone_and_beside_other_sequences(model: Model) -> None:
-    """Greedy output of one prompt, alone and in a batch of four, is the same text.
+    """Greedy text does not depend on a sequence's neighbours or its place in the batch,
+    but a batch of four is not bit-identical to a sequence decoded alone.
 
-    (Measured equal on this build: llama.cpp's CPU kernels compute each row of a
-    batch independently, so neighbours do not change a sequence's logits.)
+    Measured on this build: the same prompt gives the same text in a batch of four
+    whichever slot it has and whoever its neighbours are; alone, it first differed
+    after about 70 characters. llama.cpp's CPU matrix kernels take another path for one
+    row than for several, so the logits differ in their last bits and greedy decoding
+    flips at a near tie. (The prefix cache is not involved: it happens with it off.)
     """
+    engine = engine_of(model)
+
+    def batch(first: list[Message], rest: list[Message]) -> list[str]:
+        streams = [model.stream(first, max_tokens=32, **GREEDY)]
+        streams += [model.stream(rest, max_tokens=32, **GREEDY) for _ in range(3)]
+        readers = [read_all(s) for s in streams]
+        for t in readers:
+            t.join(NET)
+        assert engine.statistics().running == 0
+        return [s.text for s in streams]
+
     alone = model.stream(SEA, max_tokens=32, **GREEDY).read().text
-    together = [model.stream(SEA if i == 0 else HELLO, max_tokens=32, **GREEDY) for i in range(4)]
-    readers = [read_all(s) for s in together]
-    for t in readers:
-        t.join(NET)
-    assert together[0].text == alone
+    with_hellos = batch(SEA, HELLO)[0]
+    last_of_four = batch(HELLO, SEA)[1:]  # SEA in the other slots, HELLO beside them
+    assert all(text == with_hellos for text in last_of_four)
+    same = len(os.path.commonprefix([alone, with_hellos]))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "batch-greedy.json").write_text(
+        json.dumps({"alone": alone, "batched": with_hellos, "common_prefix_chars": same})
+    )
+    assert same >= 20  # the same start; a near tie may flip later
 
 
 def test_a_prompt_longer_than_a_sequence_is_refused_before_queueing(model: Model) -> None:

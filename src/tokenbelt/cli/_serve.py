@@ -70,7 +70,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="seconds idle before unloading (0 = never)",
     )
     p.add_argument(
-        "--n-ctx", type=positive_int, default=4096, help="tokens each request may hold (default 4096)"
+        "--n-ctx",
+        type=positive_int,
+        default=4096,
+        help="tokens each request may hold (default 4096)",
     )
     add_thread_options(p)
     p.add_argument(

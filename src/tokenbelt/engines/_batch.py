@@ -49,7 +49,7 @@ from ..belt import EndReason, Producer
 from ._base import GenerationRequest, SamplingParams
 from ._llama import _flag_abort_callback, _quiet_native_logs, _StopMatcher, chat_formatter
 from ._loading import check_gguf_file, load_with_deadline
-from ._threads import default_threads
+from ._threads import ThreadTuner, default_threads, thread_candidates, usable_cores
 
 logger = logging.getLogger("tokenbelt.engines.batch")
 
@@ -186,6 +186,12 @@ class BatchEngine:
         threads, threads_batch = default_threads()
         self.n_threads = n_threads or threads
         self.n_threads_batch = n_threads_batch or threads_batch
+        # Thread counts given by the caller are kept; the default adapts to the machine.
+        self._tuner = (
+            ThreadTuner(thread_candidates(usable_cores()))
+            if n_threads is None and n_threads_batch is None
+            else None
+        )
         self.n_seq_max = self.slots + self.cache_entries
         try:
             mparams = llama_cpp.llama_model_default_params()
@@ -495,7 +501,19 @@ class BatchEngine:
                 or any(s.cancelled and s.id in self._in_flight_prefill for s in self._in_flight)
             ):
                 self._flag[0] = b"\x01"
+        kind = (
+            "decode"
+            if n_tokens <= self.slots and all(s.decoding for s in self._in_flight)
+            else "prefill"
+        )
+        threads = 0
+        if self._tuner is not None:
+            threads = self._tuner.choose(kind)
+            lib.llama_set_n_threads(self._ctx.ctx, threads, threads)
+        started = time.perf_counter()
         ret = lib.llama_decode(self._ctx.ctx, self._batch)
+        if self._tuner is not None and ret == 0:
+            self._tuner.record(kind, threads, time.perf_counter() - started, n_tokens)
         with self._cond:
             self._in_flight = []
             self._in_flight_prefill = set()
@@ -620,6 +638,11 @@ class BatchEngine:
         self._free_ids.append(entry.id)
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def threads(self) -> int:
+        """The thread count of the latest step (the tuner's choice, or the fixed count)."""
+        return self._tuner.current if self._tuner is not None else self.n_threads
 
     def statistics(self) -> BatchStatistics:
         with self._cond:
