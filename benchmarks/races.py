@@ -25,7 +25,6 @@ import json
 import time
 
 import races
-
 from tokenbelt.belt import invariants
 
 

@@ -15,6 +15,7 @@ the engine, the runtime). What must hold for every request:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import sys
@@ -88,10 +89,8 @@ def _fire(cause: str, rt: Runtime, name: str, stream: Stream) -> None:
         if model is not None:
             model.close()
     elif cause == "unload":
-        try:
+        with contextlib.suppress(Exception):  # the other cause may have unloaded it first
             rt.unload(name)
-        except Exception:  # the other cause may have unloaded it first
-            pass
 
 
 _HELPERS = frozenset({"cancel_thread", "disconnect", "cancel_endpoint", "shutdown", "unload"})

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-import races
 
+import races
 from tokenbelt.belt import Belt, EndReason, TraceEvent, invariants
 
 # CI keeps this short; ``benchmarks/races.py --seconds N`` runs as long as you like.

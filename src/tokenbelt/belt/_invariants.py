@@ -16,6 +16,7 @@ broke one. What holds for every request:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ enabled: bool = os.environ.get("TOKENBELT_CHECK_INVARIANTS", "") not in ("", "0"
 _lock = threading.Lock()
 _violations: list[str] = []
 _MAX_KEPT = 100
+_count = 0
 
 _ORDER = ("enqueued", "admitted", "first_token", "last_token", "released")
 _STOPS = frozenset(
@@ -60,6 +62,11 @@ def violations() -> list[str]:
         return list(_violations)
 
 
+def count() -> int:
+    """Violations seen since the process started (``clear()`` does not reset it)."""
+    return _count
+
+
 def clear() -> list[str]:
     """Forget the violations seen so far and return them."""
     with _lock:
@@ -71,7 +78,9 @@ def clear() -> list[str]:
 def _violate(event: TraceEvent, what: str) -> None:
     message = f"request {event.trace.request_id}: {what} (at event {event.kind!r})"
     logger.error("invariant violated: %s", message)
+    global _count
     with _lock:
+        _count += 1
         if len(_violations) < _MAX_KEPT:
             _violations.append(message)
 
@@ -87,18 +96,18 @@ def check(event: TraceEvent, emitted: list[str]) -> None:
         _violate(event, f"{kind} after released")
     if kind == "ended" and t.end_reason is None:
         _violate(event, "ended without an end reason")
-    if kind == "ended" and t.end_reason is not None and t.end_reason.value in _STOPS:
-        if "cancel_requested" not in before:
-            _violate(event, f"{t.end_reason.value} ended before its cancel_requested")
+    reason = t.end_reason.value if t.end_reason is not None else None
+    if kind == "ended" and reason in _STOPS and "cancel_requested" not in before:
+        _violate(event, f"{reason} ended before its cancel_requested")
     if kind != "released":
         return
     if t.end_reason is None or "ended" not in before:
         _violate(event, "released before its end reason")
     times = [(name, getattr(t, name)) for name in _ORDER]
     present = [(name, value) for name, value in times if value is not None]
-    for (a, x), (b, y) in zip(present, present[1:], strict=False):
+    for (a, x), (b, y) in itertools.pairwise(present):
         if y < x:
             _violate(event, f"{b} ({y:.6f}) before {a} ({x:.6f})")
-    if t.cancel_requested is not None and t.released is not None:
-        if t.released < t.cancel_requested:
-            _violate(event, "released before cancel_requested")
+    cancel, released = t.cancel_requested, t.released
+    if cancel is not None and released is not None and released < cancel:
+        _violate(event, "released before cancel_requested")

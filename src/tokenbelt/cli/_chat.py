@@ -130,10 +130,16 @@ def _mb(n: float) -> str:
 
 
 def load_local(
-    alias: str, console: Console, *, system: str | None, **sampling: Any
+    alias: str,
+    console: Console,
+    *,
+    system: str | None,
+    threads: int | None = None,
+    threads_batch: int | None = None,
+    **sampling: Any,
 ) -> LocalBackend:
     """Load ``alias`` (or a .gguf path) with a spinner, elapsed time and download progress."""
-    runtime = Runtime(keep_alive=None)
+    runtime = Runtime(keep_alive=None, n_threads=threads, n_threads_batch=threads_batch)
     try:
         columns = (
             SpinnerColumn(),
@@ -414,6 +420,12 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--max-tokens", type=positive_int, help="longest reply, in tokens")
     p.add_argument("--temperature", type=_temperature, help="sampling temperature, 0..2")
     p.add_argument("--seed", type=non_negative_int, help="sampling seed")
+    p.add_argument(
+        "--threads", type=positive_int, help="llama.cpp decode threads (default: adaptive)"
+    )
+    p.add_argument(
+        "--threads-batch", type=positive_int, help="llama.cpp prompt threads (default: adaptive)"
+    )
     p.set_defaults(func=main)
 
 
@@ -436,7 +448,14 @@ def main(args: argparse.Namespace) -> int:
         backend = remote
     else:
         sampling = {k: v for k, v in sampling.items() if v is not None}
-        backend = load_local(args.alias or DEFAULT_ALIAS, console, system=args.system, **sampling)
+        backend = load_local(
+            args.alias or DEFAULT_ALIAS,
+            console,
+            system=args.system,
+            threads=args.threads,
+            threads_batch=args.threads_batch,
+            **sampling,
+        )
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     console.print("Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt exits.", style="dim")

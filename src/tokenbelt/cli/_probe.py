@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..models import DEFAULT_ALIAS, DEVICES, ProbeReport, run_probe
-from ._common import Parser, positive_duration
+from ._common import Parser, positive_duration, positive_int
 
 _ROWS = (
     ("device", "device", ""),
@@ -18,6 +18,7 @@ _ROWS = (
     ("load_s", "load", "s"),
     ("ttft_ms", "time to first token", "ms"),
     ("decode_tok_s", "decode", "tok/s"),
+    ("threads", "threads used for decode", ""),
     ("reply", "reply", ""),
     ("prefill_prompt_tokens", "prefill prompt", "tokens"),
     ("cancel_release_prefill_ms", "cancel in prefill -> released", "ms"),
@@ -49,7 +50,13 @@ def _print_report(report: ProbeReport) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    report = run_probe(args.alias, device=args.device, load_timeout=args.load_timeout)
+    report = run_probe(
+        args.alias,
+        device=args.device,
+        load_timeout=args.load_timeout,
+        n_threads=args.threads,
+        n_threads_batch=args.threads_batch,
+    )
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -84,6 +91,12 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=120.0,
         metavar="S",
         help="seconds the load may take (default 120)",
+    )
+    p.add_argument(
+        "--threads", type=positive_int, help="llama.cpp decode threads (default: adaptive)"
+    )
+    p.add_argument(
+        "--threads-batch", type=positive_int, help="llama.cpp prompt threads (default: adaptive)"
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=main)

@@ -85,6 +85,12 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         "--cors-origin", action="append", default=[], help="allow this browser origin (repeatable)"
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--check-invariants",
+        action="store_true",
+        help="check every request's timeline as it happens; a broken invariant is logged "
+        "and counted in /metrics (also TOKENBELT_CHECK_INVARIANTS=1)",
+    )
     p.set_defaults(func=main)
 
 
@@ -113,6 +119,10 @@ def main(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         force=True,
     )
+    if args.check_invariants:
+        from ..belt import invariants
+
+        invariants.enable()
     settings = ServerSettings(
         host=args.host,
         port=args.port,

@@ -74,6 +74,8 @@ class BatchStatistics:
     prefix_hits: int
     prefix_cached_tokens: int
     cache_entries: int
+    #: llama.cpp threads of the latest step
+    threads: int
 
     @property
     def sequences_per_step(self) -> float:
@@ -95,8 +97,8 @@ class _Seq:
         "n_past",
         "n_prompt",
         "on_exit",
-        "producer",
         "produced",
+        "producer",
         "request",
         "sampler",
         "stopper",
@@ -247,6 +249,7 @@ class BatchEngine:
         self._prefix_hits = 0
         self._prefix_tokens = 0
         self._last_peers: list[_Seq] = []
+        self._drop_cache = False
         self._thread = threading.Thread(
             target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
         )
@@ -315,15 +318,34 @@ class BatchEngine:
             self._cond.notify()
         producer.on_cancel(lambda _reason: self._on_cancel(seq))
 
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
+        """Blocking: run one request through the loop, as a thread engine does.
+
+        For a caller that wraps the engine in ``belt.produce`` on a thread of its own
+        (``tokenbelt probe``, the benchmarks): that wrapper records the end and the
+        release, so the loop only reports them here. Returns ``stop``/``length``,
+        raises ``Cancelled`` after a stop and the engine's error after a failure.
+        """
+        from .._errors import Cancelled
+
+        caller = _Caller(producer)
+        self.start(request, caller)
+        caller.done.wait()
+        if caller.error is not None:
+            raise caller.error
+        if caller.reason is not None:
+            return caller.reason
+        raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+
     def _on_cancel(self, seq: _Seq) -> None:
         """On the cancelling thread: mark the sequence, abort the step if that is all it
         does, and wake the loop so the sequence is released before the next step."""
         with self._cond:
             seq.cancelled = True
             in_flight = self._in_flight
-            if in_flight and any(s is seq for s in in_flight):
-                if seq.id in self._in_flight_prefill or all(s.cancelled for s in in_flight):
-                    self._flag[0] = b"\x01"
+            aborts = seq.id in self._in_flight_prefill or all(s.cancelled for s in in_flight)
+            if in_flight and any(s is seq for s in in_flight) and aborts:
+                self._flag[0] = b"\x01"
             self._wake = True
             self._cond.notify()
 
@@ -351,6 +373,10 @@ class BatchEngine:
                 self._active.append(self._inbox.popleft())
             if self._closed and not self._active:
                 return False
+            drop, self._drop_cache = self._drop_cache, False
+        if drop:
+            for entry in list(self._cache):
+                self._evict(entry)
         for seq in list(self._active):
             if seq.id < 0 and not seq.cancelled:
                 self._admit(seq)
@@ -637,6 +663,19 @@ class BatchEngine:
         self._lib.llama_memory_seq_rm(self._mem, entry.id, -1, -1)
         self._free_ids.append(entry.id)
 
+    def clear_prefix_cache(self) -> None:
+        """Drop every prefix-cache entry before the next step (thread-safe, non-blocking).
+
+        Sampling with a ``seed`` repeats its text only when the computation repeats:
+        llama.cpp's kernels round differently for one token than for a batch of them,
+        so a prompt served partly from the cache (or beside other sequences) may
+        sample differently from the same prompt computed cold and alone.
+        """
+        with self._cond:
+            self._drop_cache = True
+            self._wake = True
+            self._cond.notify()
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     @property
@@ -657,6 +696,7 @@ class BatchEngine:
             prefix_hits=self._prefix_hits,
             prefix_cached_tokens=self._prefix_tokens,
             cache_entries=len(self._cache),
+            threads=self.threads,
         )
 
     def _drain(self, error: BaseException | None) -> None:
@@ -697,3 +737,38 @@ class BatchEngine:
         lib.llama_batch_free(self._batch)
         self._ctx.close()
         self._model.close()
+
+
+class _Caller(Producer[str]):
+    """The producer ``generate`` hands to the loop: the caller's ``produce`` records the
+    request's end and release, so here they are only remembered and signalled."""
+
+    __slots__ = ("done", "error", "reason")
+
+    def __init__(self, producer: Producer[str]) -> None:
+        super().__init__(producer._belt if isinstance(producer, Producer) else producer)
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.reason: EndReason | None = None
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        if self.reason is not None:
+            return self.reason
+        if self.error is not None:
+            return EndReason.RUNTIME_ERROR
+        return self._belt.end_reason
+
+    def start(self) -> None:
+        pass
+
+    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
+        self.reason = reason
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        self.error = error
+        return True
+
+    def release(self) -> None:
+        self.done.set()

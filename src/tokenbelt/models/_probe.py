@@ -29,7 +29,7 @@ from .._errors import (
     UnknownModel,
 )
 from ..belt import Belt, EndReason
-from ..engines import GenerationRequest, LlamaEngine, SamplingParams
+from ..engines import BatchEngine, GenerationRequest, SamplingParams
 from ._cache import ModelCache
 from ._catalog import Catalog
 from ._device import DeviceInfo, detect_device
@@ -59,6 +59,8 @@ class ProbeReport:
     load_s: float | None = None
     ttft_ms: float | None = None
     decode_tok_s: float | None = None
+    #: llama.cpp threads the engine used for the decode (the adaptive choice, or the fixed one)
+    threads: int | None = None
     reply: str | None = None
     prefill_prompt_tokens: int | None = None
     cancel_release_prefill_ms: float | None = None
@@ -86,26 +88,6 @@ class _StepFailed(Exception):
         self.step, self.error, self.hint = step, str(error), hint
 
 
-class _SignalBelt(Belt[str]):
-    """A belt that signals when the producer reaches its ``after``-th checkpoint.
-
-    The engine checkpoints once per prefill chunk, so the signal means "the prefill
-    is under way": a cancel sent then lands inside the prefill, not before it.
-    """
-
-    def __init__(self, capacity: int, after: int) -> None:
-        super().__init__(capacity)
-        self._after = after
-        self._count = 0
-        self.reached = threading.Event()
-
-    def checkpoint(self) -> None:
-        self._count += 1
-        if self._count >= self._after:
-            self.reached.set()
-        super().checkpoint()
-
-
 def _rss() -> int:
     import psutil
 
@@ -118,7 +100,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _run(
-    engine: LlamaEngine,
+    engine: BatchEngine,
     request: GenerationRequest,
     belt: Belt[str],
     consume: Callable[[Belt[str]], None],
@@ -145,7 +127,7 @@ class _Probe:
     def __init__(self, report: ProbeReport) -> None:
         self.report = report
 
-    def stream(self, engine: LlamaEngine) -> None:
+    def stream(self, engine: BatchEngine) -> None:
         request = GenerationRequest.chat(
             [{"role": "user", "content": "Say hello in one short sentence."}],
             SamplingParams(max_tokens=32, temperature=0.0, seed=0),
@@ -161,7 +143,7 @@ class _Probe:
         rate = belt.trace.decode_rate
         r.decode_tok_s = None if rate is None else round(rate, 1)
 
-    def long_prompt(self, engine: LlamaEngine) -> GenerationRequest:
+    def long_prompt(self, engine: BatchEngine) -> GenerationRequest:
         per = len(engine.tokenize_request(GenerationRequest(prompt=_FILLER)))
         prompt = _FILLER * math.ceil(PREFILL_TOKENS / max(1, per - 1))
         while len(engine.tokenize_request(GenerationRequest(prompt=prompt))) >= (
@@ -170,13 +152,18 @@ class _Probe:
             prompt = prompt[: len(prompt) * 3 // 4]
         return GenerationRequest(prompt=prompt, sampling=SamplingParams(max_tokens=8))
 
-    def cancel_prefill(self, engine: LlamaEngine) -> None:
+    def cancel_prefill(self, engine: BatchEngine) -> None:
         request = self.long_prompt(engine)
-        belt = _SignalBelt(4, after=2)
+        belt: Belt[str] = Belt(4)
+        base = engine.statistics().tokens_stepped
 
         def consume(b: Belt[str]) -> None:
-            if not belt.reached.wait(120):
-                raise _StepFailed("cancel_prefill", "the prefill never started", "run it again")
+            # Cancel once the first prompt chunk is evaluated: the prefill is under way.
+            deadline = time.monotonic() + 120
+            while engine.statistics().tokens_stepped - base < engine.n_batch:
+                if time.monotonic() > deadline:
+                    raise _StepFailed("cancel_prefill", "the prefill never started", "run again")
+                time.sleep(0.001)
             b.cancel(EndReason.USER_CANCEL)
 
         _run(engine, request, belt, consume, "cancel_prefill")
@@ -185,7 +172,7 @@ class _Probe:
         r.cancel_prefill_landed = "prefill" if belt.trace.first_token is None else "decode"
         r.cancel_release_prefill_ms = _ms(belt.trace.cancel_to_release)
 
-    def cancel_decode(self, engine: LlamaEngine, after: int = 8) -> None:
+    def cancel_decode(self, engine: BatchEngine, after: int = 8) -> None:
         request = GenerationRequest(
             prompt=_COUNTING, sampling=SamplingParams(max_tokens=256, temperature=0.0)
         )
@@ -237,6 +224,8 @@ def run_probe(
     *,
     device: str | None = None,
     load_timeout: float | None = 120.0,
+    n_threads: int | None = None,
+    n_threads_batch: int | None = None,
     home: Home | None = None,
     catalog: Catalog | None = None,
     progress: ProgressCallback | None = None,
@@ -252,7 +241,7 @@ def run_probe(
     report = ProbeReport(alias=alias or DEFAULT_ALIAS)
     home = home or Home.from_env()
     cache = ModelCache(home)
-    engine: LlamaEngine | None = None
+    engine: BatchEngine | None = None
     try:
         try:
             cat = catalog if catalog is not None else Catalog.load(home)
@@ -279,12 +268,15 @@ def run_probe(
             report,
             "load",
             "raise --load-timeout, or check that this llama.cpp supports the model",
-            lambda: LlamaEngine.load(
+            lambda: BatchEngine.load(
                 path,
                 load_timeout=load_timeout,
                 n_ctx=min(4096, choice.entry.context_length),
                 n_gpu_layers=n_gpu_layers,
                 name=choice.variant.id,
+                slots=1,
+                n_threads=n_threads,
+                n_threads_batch=n_threads_batch,
             ),
         )
         report.load_s = round(time.monotonic() - start, 3)
@@ -293,6 +285,7 @@ def run_probe(
         assert engine is not None
         loaded = engine
         _timed(report, "stream", engine_hint, lambda: probe.stream(loaded))
+        report.threads = loaded.threads
         _timed(report, "cancel_prefill", engine_hint, lambda: probe.cancel_prefill(loaded))
         _timed(report, "cancel_decode", engine_hint, lambda: probe.cancel_decode(loaded))
         rss_loaded = _rss()

@@ -23,7 +23,8 @@ class Runtime:
     """Catalog, cache and loaded models; a context manager (sync and async).
 
     Defaults given here apply to every model it loads: ``slots`` (sequences
-    batched in one context; each may hold ``n_ctx`` tokens), ``queue_size`` (the bounded admission queue),
+    batched in one context; each may hold ``n_ctx`` tokens), ``queue_size`` (the
+    bounded admission queue),
     ``capacity`` (belt length: how far generation may run ahead of a reader),
     ``limits`` (deadlines) and ``keep_alive`` (seconds idle before a model is
     unloaded; ``None`` keeps it). ``n_threads`` and ``n_threads_batch`` are

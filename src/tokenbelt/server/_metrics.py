@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-from ..belt import EndReason, TraceEvent
+from ..belt import EndReason, TraceEvent, invariants
+from ..engines import BatchStatistics
 from ..runtime import SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
@@ -25,9 +28,14 @@ _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 class Metrics:
     """Turns trace events into Prometheus series and request log lines."""
 
-    def __init__(self, stats: Callable[[], dict[str, SchedulerStatistics]]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, SchedulerStatistics]],
+        batches: Callable[[], dict[str, BatchStatistics]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(_BatchCollector(batches))
         self.queue_time = Histogram(
             "tokenbelt_queue_time_seconds",
             "Time from enqueue to admission.",
@@ -120,3 +128,50 @@ class Metrics:
         for gap in t.token_gaps:
             itl.observe(gap)
         request_log.info("%s", json.dumps({"event": "request", **t.to_dict()}))
+
+
+class _BatchCollector(Collector):
+    """The batch engines' own counters, read at scrape time (they count every step)."""
+
+    def __init__(self, batches: Callable[[], dict[str, BatchStatistics]]) -> None:
+        self._batches = batches
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        series: dict[str, tuple[str, str]] = {
+            "steps": ("steps", "Batched decode steps."),
+            "step_sequences": (
+                "sequences_stepped",
+                "Sequences summed over batched steps (divide by steps: sequences per step).",
+            ),
+            "step_tokens": (
+                "tokens_stepped",
+                "Tokens summed over batched steps (divide by steps: tokens per step).",
+            ),
+            "aborted_steps": ("aborted_steps", "Steps aborted for a stop."),
+            "prefix_cache_hits": (
+                "prefix_hits",
+                "Requests that reused KV cells from the prefix cache.",
+            ),
+            "prefix_cached_tokens": (
+                "prefix_cached_tokens",
+                "Prompt tokens taken from the prefix cache instead of computed.",
+            ),
+        }
+        batches = self._batches()
+        for name, (field, doc) in series.items():
+            family = CounterMetricFamily(f"tokenbelt_batch_{name}", doc, labels=["model"])
+            for model, b in batches.items():
+                family.add_metric([model], getattr(b, field))
+            yield family
+        threads = GaugeMetricFamily(
+            "tokenbelt_engine_threads", "llama.cpp threads of the latest step.", labels=["model"]
+        )
+        for model, b in batches.items():
+            threads.add_metric([model], b.threads)
+        yield threads
+        if invariants.enabled:
+            yield CounterMetricFamily(
+                "tokenbelt_invariant_violations",
+                "Timeline invariants broken (checked with --check-invariants).",
+                value=invariants.count(),
+            )

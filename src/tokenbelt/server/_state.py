@@ -11,6 +11,7 @@ from typing import Any
 
 from .._errors import ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
+from ..engines import BatchEngine
 from ..runtime import Model, Runtime, Stream
 from ._metrics import Metrics
 from ._schemas import TokenbeltOptions
@@ -83,7 +84,15 @@ class ServerState:
         self._lock = threading.Lock()
         self._active: dict[str, Stream] = {}
         self._recent: collections.OrderedDict[str, Trace] = collections.OrderedDict()
-        self.metrics = Metrics(lambda: {name: m.statistics() for name, m in runtime.models.items()})
+        self.metrics = Metrics(
+            lambda: {name: m.statistics() for name, m in runtime.models.items()},
+            lambda: {
+                name: e.statistics()
+                for name, m in runtime.models.items()
+                for e in m.engines
+                if isinstance(e, BatchEngine)
+            },
+        )
         runtime.subscribe(self.metrics.observe)
         runtime.subscribe(self._remember)
 
