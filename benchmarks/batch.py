@@ -65,6 +65,9 @@ class Bare:
         import llama_cpp
         from llama_cpp import _internals
 
+        from tokenbelt.engines._llama import _quiet_native_logs
+
+        _quiet_native_logs()  # llama.cpp's own log lines to logging, as the engine does
         self.lib: Any = llama_cpp
         self.model: Any = _internals.LlamaModel(
             path_model=path, params=llama_cpp.llama_model_default_params(), verbose=False
@@ -245,8 +248,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = str(default_model_path())
     out: dict[str, Any] = {"tokens": args.tokens, "rounds": args.rounds}
     for b in SIZES:
-        bare = Bare(path, b, 1024)
-        with Runtime(slots=b, keep_alive=None, n_ctx=1024) as rt:
+        bare = Bare(path, b, 2048)
+        with Runtime(slots=b, keep_alive=None, n_ctx=2048) as rt:
             model = rt.load(path)
             engine = model.engines[0]
             assert isinstance(engine, BatchEngine)

@@ -48,6 +48,7 @@ import uvicorn
 from tokenbelt import Runtime
 from tokenbelt.belt import Trace, TraceEvent
 from tokenbelt.engines import GenerationRequest, LlamaEngine, SamplingParams
+from tokenbelt.engines._threads import usable_cores
 from tokenbelt.models import default_model_path
 from tokenbelt.server import ServerSettings, create_app
 
@@ -338,7 +339,13 @@ def peer(engine: LlamaEngine, trials: int, tokens: int) -> dict[str, Any]:
 def summarise(trials: int, tokens: int) -> dict[str, Any]:
     runtime = Runtime(keep_alive=None, slots=1)
     try:
-        model = runtime.load(str(default_model_path()))
+        # The single-context engine: one ``Llama`` serves both sides, so the comparison
+        # isolates the HTTP layer's cost (the batch engine's ratio: engine.py, batch.py).
+        cores = usable_cores()
+        model = runtime.add_engines(
+            "smollm2",
+            lambda: [LlamaEngine(default_model_path(), n_threads=cores, n_threads_batch=cores)],
+        )
         engine = model.engines[0]
         assert isinstance(engine, LlamaEngine)
         result = ours(runtime, engine, trials, tokens)
