@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -354,22 +352,15 @@ def collect(lines: Sequence[str] | Iterator[str]) -> list[Any]:
     return out
 
 
-def wait_in_call(request_id: str, function: str, timeout: float = NET) -> None:
-    """Wait until the producer thread of ``request_id`` is inside ``function``.
+def wait_in_prefill(served: Served, trace: Trace, timeout: float = NET) -> None:
+    """Wait until the batch engine has evaluated a first chunk of ``trace``'s prompt.
 
-    Reads the thread's live stack: the condition is the thread's state (say, inside
-    llama.cpp's ``eval`` during prefill), not elapsed time.
+    The engine's own step counter is the condition (the prompt goes in 512-token steps,
+    so a prompt of 2,000 tokens is still being evaluated then), not elapsed time.
     """
+    engine = served.model(trace.model).engines[0]
+    stepped = engine.statistics().tokens_stepped  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        frames = sys._current_frames()
-        for thread in threading.enumerate():
-            if not thread.name.endswith(request_id) or thread.ident not in frames:
-                continue
-            frame: FrameType | None = frames[thread.ident]
-            while frame is not None:
-                if frame.f_code.co_name == function:
-                    return
-                frame = frame.f_back
-        time.sleep(0.005)
-    raise AssertionError(f"{request_id} never ran {function}() within {timeout} s")
+    while engine.statistics().tokens_stepped - stepped < 512:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"{trace.request_id}: no prefill step in {timeout} s"
+        time.sleep(0.002)

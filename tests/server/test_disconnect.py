@@ -26,7 +26,7 @@ from .conftest import (
     real_runtime,
     scripted_runtime,
     sse_events,
-    wait_in_call,
+    wait_in_prefill,
     words,
 )
 
@@ -184,7 +184,7 @@ def test_real_model_disconnect_during_a_long_prefill(serve: ServeFactory, stream
         client.send(COMPLETIONS, {"prompt": LONG_PROMPT, "max_tokens": 8, "stream": stream})
         trace = served.recorder.nth(0)
         assert trace.prompt_tokens > 1500
-        wait_in_call(trace.request_id, "_prefill")
+        wait_in_prefill(served, trace)
         assert trace.first_token is None
     assert_disconnected(served, trace.request_id)
     assert trace.completion_tokens == 0
@@ -210,7 +210,7 @@ def test_the_event_loop_answers_during_a_long_real_prefill(serve: ServeFactory) 
     with RawClient(served.url) as client, httpx.Client(timeout=NET) as other:
         client.send(COMPLETIONS, {"prompt": LONG_PROMPT, "max_tokens": 8, "stream": True})
         trace = served.recorder.nth(0)
-        wait_in_call(trace.request_id, "eval")  # inside llama.cpp's prefill
+        wait_in_prefill(served, trace)  # the long prompt is being evaluated
         other.get(f"{served.url}/health")  # connect outside the timed part
         for _ in range(5):
             started = time.perf_counter()

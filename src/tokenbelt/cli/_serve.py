@@ -55,8 +55,8 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--slots",
         type=positive_int,
-        default=1,
-        help="requests decoded together, batched in one context (default 1)",
+        default=4,
+        help="requests decoded together, batched in one context (default 4)",
     )
     p.add_argument("--queue-size", type=positive_int, default=16, help="admission queue length")
     p.add_argument("--first-token-timeout", type=positive_duration, help="seconds")
