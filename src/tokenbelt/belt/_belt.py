@@ -11,8 +11,22 @@ Producer protocol, once per token::
     token = compute()       # the engine also calls belt.checkpoint() inside long steps
     belt.put(token)
 
-Deadlines are checked by whichever side is waiting, so an expired deadline ends
-the stream even while the producer is stuck inside one long step.
+Deadlines fire from the runtime's ``DeadlineTimer`` (``expire()``) and are also
+checked by whichever side is waiting, so an expired deadline ends the stream even
+while nobody reads and while the producer is stuck inside one long step.
+
+Ordering (which lock orders what):
+
+- the belt's ``_lock`` orders every end: ``cancel``, ``finish`` and ``fail`` record the
+  end reason (and, for a stop, ``cancel_requested``) *in the trace* while holding it,
+  before the belt's own state changes. Every producer-side call (``checkpoint``,
+  ``wait_for_room``, ``has_room``, ``put``) takes the same lock, so no producer can act
+  on an end that the trace does not hold yet; ``release()`` therefore always follows
+  a recorded reason;
+- the trace's ``_lock`` (taken inside the belt's, never the other way round) orders
+  the facts and queues their events; ``Trace.flush()`` delivers the queue in that
+  order, outside the belt's lock, one thread at a time, so observers see
+  ``cancel_requested``, ``ended`` and ``released`` in that order, each once.
 """
 
 from __future__ import annotations
