@@ -47,7 +47,13 @@ from typing import Any
 from .._errors import DecodeError, IllegalState, ModelLoadError, PromptTooLong
 from ..belt import EndReason, Producer
 from ._base import GenerationRequest, SamplingParams
-from ._llama import _flag_abort_callback, _quiet_native_logs, _StopMatcher, chat_formatter
+from ._llama import (
+    _flag_abort_callback,
+    _quiet_native_logs,
+    _StopMatcher,
+    chat_formatter,
+    prompt_tokens,
+)
 from ._loading import check_gguf_file, load_with_deadline
 from ._threads import ThreadTuner, default_threads, thread_candidates, usable_cores
 
@@ -270,20 +276,9 @@ class BatchEngine:
 
     # -- prompts -----------------------------------------------------------------------------
 
-    def _tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
-        return list(self._model.tokenize(text.encode("utf-8"), add_bos, special))
-
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
-        if request.prompt is not None:
-            return self._tokenize(request.prompt, add_bos=True, special=False)
-        if self._formatter is None:
-            raise DecodeError(f"{self.name} has no chat template; send a raw prompt instead")
-        try:
-            result = self._formatter(messages=list(request.messages or ()))
-        except Exception as exc:
-            raise DecodeError(f"the chat template failed: {exc}") from exc
-        return self._tokenize(result.prompt, add_bos=not result.added_special, special=True)
+        return prompt_tokens(self._model, self._formatter, request, self.name)
 
     def _check_fits(self, n: int) -> None:
         if n + 1 > self.context_length:

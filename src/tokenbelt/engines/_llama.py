@@ -97,6 +97,24 @@ def chat_formatter(model: Any) -> Any:
     )
 
 
+def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: str) -> list[int]:
+    """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
+    (the GGUF's template). ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
+
+    def tokenize(text: str, *, add_bos: bool, special: bool) -> list[int]:
+        return list(model.tokenize(text.encode("utf-8"), add_bos, special))
+
+    if request.prompt is not None:
+        return tokenize(request.prompt, add_bos=True, special=False)
+    if formatter is None:
+        raise DecodeError(f"{name} has no chat template; send a raw prompt instead")
+    try:
+        result = formatter(messages=list(request.messages or ()))
+    except Exception as exc:
+        raise DecodeError(f"the chat template failed: {exc}") from exc
+    return tokenize(result.prompt, add_bos=not result.added_special, special=True)
+
+
 class _StopMatcher:
     """Holds back text that might be the start of a stop string."""
 
@@ -193,20 +211,7 @@ class LlamaEngine:
 
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
-        llm = self._llm
-        if request.prompt is not None:
-            return list(llm.tokenize(request.prompt.encode("utf-8"), add_bos=True))
-        if self._formatter is None:
-            raise DecodeError(f"{self.name} has no chat template; send a raw prompt instead")
-        try:
-            result = self._formatter(messages=list(request.messages or ()))
-        except Exception as exc:
-            raise DecodeError(f"the chat template failed: {exc}") from exc
-        return list(
-            llm.tokenize(
-                result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True
-            )
-        )
+        return prompt_tokens(self._llm._model, self._formatter, request, self.name)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         n = len(self.tokenize_request(request))
