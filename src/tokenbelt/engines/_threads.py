@@ -45,7 +45,8 @@ class ThreadTuner:
     moving average of its cost per thread count (seconds per step for decode, per
     token for prefill). The cheapest count is used; every ``explore_every`` steps one
     other count is tried, so a neighbour that leaves is noticed too. A count that
-    was much worse when tried is tried less often (up to 16x less).
+    was over 1.5x worse when tried is tried half as often each time (down to once in
+    512 steps), so exploring costs a quiet machine well under 1% of its steps.
     """
 
     def __init__(self, candidates: list[int], *, explore_every: int = 32) -> None:
@@ -83,8 +84,11 @@ class ThreadTuner:
         costs = self._cost[kind]
         best = self.best(kind) if costs else threads
         old = costs.get(threads)
-        costs[threads] = unit if old is None else 0.7 * old + 0.3 * unit
+        # A sample far below the average means the machine changed (a neighbour left):
+        # take it as it is rather than averaging it in over many rare trials.
+        fresh = old is None or unit < 0.5 * old
+        costs[threads] = unit if fresh or old is None else 0.7 * old + 0.3 * unit
         if threads != best and best in costs:
-            slow = costs[threads] > 2 * costs[best]
+            slow = costs[threads] > 1.5 * costs[best]
             interval = self._interval[kind] * 2 if slow else self._explore_every
             self._interval[kind] = min(interval, 16 * self._explore_every)

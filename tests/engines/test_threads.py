@@ -1,0 +1,40 @@
+"""The thread tuner: it follows the measured step cost, both ways, and explores rarely."""
+
+from __future__ import annotations
+
+from tokenbelt.engines._threads import ThreadTuner, thread_candidates
+
+
+def test_candidates_are_all_cores_one_fewer_and_half() -> None:
+    assert thread_candidates(2) == [2, 1]
+    assert thread_candidates(1) == [1]
+    assert thread_candidates(16) == [16, 15, 8]
+
+
+def drive(tuner: ThreadTuner, cost: dict[int, float], steps: int) -> list[int]:
+    chosen = []
+    for _ in range(steps):
+        threads = tuner.choose("decode")
+        chosen.append(threads)
+        tuner.record("decode", threads, cost[threads], 1)
+    return chosen
+
+
+def test_a_neighbour_taking_a_core_moves_the_tuner_to_fewer_threads_and_back() -> None:
+    tuner = ThreadTuner([2, 1], explore_every=8)
+    quiet = {2: 0.010, 1: 0.019}  # two threads nearly twice as fast
+    busy = {2: 0.200, 1: 0.020}  # a neighbour stalls every barrier of two threads
+    drive(tuner, quiet, 100)
+    assert tuner.best("decode") == 2
+    chosen = drive(tuner, busy, 100)
+    assert tuner.best("decode") == 1
+    assert chosen[-50:].count(2) <= 2  # explored now and then, not used
+    # Back to quiet: one trial of two threads (at most 16 x 8 steps away) is enough.
+    drive(tuner, quiet, 8 * 16 + 1)
+    assert tuner.best("decode") == 2
+
+
+def test_exploring_a_much_worse_count_backs_off() -> None:
+    tuner = ThreadTuner([2, 1], explore_every=8)
+    chosen = drive(tuner, {2: 0.010, 1: 0.030}, 4000)
+    assert chosen[-2000:].count(1) <= 2000 // (8 * 16) + 1
