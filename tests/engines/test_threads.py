@@ -38,3 +38,21 @@ def test_exploring_a_much_worse_count_backs_off() -> None:
     tuner = ThreadTuner([2, 1], explore_every=8)
     chosen = drive(tuner, {2: 0.010, 1: 0.030}, 4000)
     assert chosen[-2000:].count(1) <= 2000 // (8 * 16) + 1
+
+
+def test_a_busy_machine_tries_the_fewest_threads_first() -> None:
+    assert thread_candidates(2, load=0.3) == [2, 1]
+    assert thread_candidates(2, load=3.5) == [1, 2]
+
+
+def test_thread_counts_beyond_what_the_machine_can_start_are_refused() -> None:
+    import os
+
+    import pytest
+
+    from tokenbelt import InvalidArgument, Runtime
+
+    with pytest.raises(InvalidArgument, match="from 1 to"):
+        Runtime(n_threads=4 * (os.cpu_count() or 1) + 1)
+    with pytest.raises(InvalidArgument, match="from 1 to"):
+        Runtime(n_threads_batch=0)

@@ -265,3 +265,24 @@ def test_a_prompt_longer_than_a_sequence_is_refused_before_queueing(model: Model
         model.stream(prompt=long_text(3000))
     assert model.statistics().queued == before.queued
     time.sleep(0)  # nothing else to wait for: the refusal happened before any compute
+
+
+def test_a_stop_before_admission_releases_without_waiting_for_the_step(
+    model: Model, recorder: Recorder
+) -> None:
+    """A request handed to the engine but not yet admitted holds no KV cells: its stop
+    releases it at once, not at the end of the step in flight."""
+    engine = engine_of(model)
+    long = model.stream(prompt=long_text(1800), max_tokens=2, **GREEDY)
+    wait_until(lambda: engine.statistics().tokens_stepped > 0 and long.trace.admitted, "prefill")
+    steps_before = engine.statistics().steps
+    late = model.stream(HELLO, **GREEDY)
+    assert late.cancel()
+    assert late.wait_released(NET)
+    steps_at_release = engine.statistics().steps
+    assert late.end_reason is EndReason.USER_CANCEL
+    assert late.trace.admitted is None
+    assert long.trace.first_token is None  # the long prefill was still running
+    assert steps_at_release == steps_before, "the release waited for a step to end"
+    long.cancel()
+    assert long.wait_released(NET)

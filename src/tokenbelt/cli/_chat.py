@@ -28,7 +28,7 @@ from rich.text import Text
 from .._errors import TokenbeltError
 from ..belt import EndReason
 from ..runtime import DEFAULT_ALIAS, ChatSession, Runtime, Stream
-from ._common import Parser, fail, non_negative_int, positive_int
+from ._common import Parser, fail, non_negative_int, positive_int, thread_count
 
 PROMPT = "you> "
 #: how long a turn may take to be released after it ended, before we stop waiting
@@ -421,10 +421,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--temperature", type=_temperature, help="sampling temperature, 0..2")
     p.add_argument("--seed", type=non_negative_int, help="sampling seed")
     p.add_argument(
-        "--threads", type=positive_int, help="llama.cpp decode threads (default: adaptive)"
+        "--threads", type=thread_count, help="llama.cpp decode threads (default: adaptive)"
     )
     p.add_argument(
-        "--threads-batch", type=positive_int, help="llama.cpp prompt threads (default: adaptive)"
+        "--threads-batch", type=thread_count, help="llama.cpp prompt threads (default: adaptive)"
     )
     p.set_defaults(func=main)
 

@@ -60,18 +60,25 @@ def fail(message: str, status: int = 1) -> NoReturn:
     raise SystemExit(status)
 
 
+def thread_count(text: str) -> int:
+    """A llama.cpp thread count: an integer from 1 to 4x this machine's CPUs."""
+    from ..engines._threads import check_threads
+
+    return _convert(text, lambda t: check_threads("value", int(t)) or 1)
+
+
 def add_thread_options(p: argparse.ArgumentParser) -> None:
     """``--threads``, ``--threads-batch`` and ``--prefill-chunk``, shared by the commands
     that load a model."""
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="llama.cpp decode threads (default: every core this process may use)",
     )
     p.add_argument(
         "--threads-batch",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="llama.cpp prompt threads (default: every core this process may use)",
     )

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..models import DEFAULT_ALIAS, DEVICES, ProbeReport, run_probe
-from ._common import Parser, positive_duration, positive_int
+from ._common import Parser, positive_duration, thread_count
 
 _ROWS = (
     ("device", "device", ""),
@@ -93,10 +93,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="seconds the load may take (default 120)",
     )
     p.add_argument(
-        "--threads", type=positive_int, help="llama.cpp decode threads (default: adaptive)"
+        "--threads", type=thread_count, help="llama.cpp decode threads (default: adaptive)"
     )
     p.add_argument(
-        "--threads-batch", type=positive_int, help="llama.cpp prompt threads (default: adaptive)"
+        "--threads-batch", type=thread_count, help="llama.cpp prompt threads (default: adaptive)"
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=main)

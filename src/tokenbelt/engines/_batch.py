@@ -55,7 +55,14 @@ from ._llama import (
     prompt_tokens,
 )
 from ._loading import check_gguf_file, load_with_deadline
-from ._threads import ThreadTuner, default_threads, thread_candidates, usable_cores
+from ._threads import (
+    ThreadTuner,
+    check_threads,
+    default_threads,
+    system_load,
+    thread_candidates,
+    usable_cores,
+)
 
 logger = logging.getLogger("tokenbelt.engines.batch")
 
@@ -192,11 +199,11 @@ class BatchEngine:
         self.cache_entries = max(0, cache_entries)
         self.cache_tokens = max(0, cache_tokens) if self.cache_entries else 0
         threads, threads_batch = default_threads()
-        self.n_threads = n_threads or threads
-        self.n_threads_batch = n_threads_batch or threads_batch
+        self.n_threads = check_threads("n_threads", n_threads) or threads
+        self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch) or threads_batch
         # Thread counts given by the caller are kept; the default adapts to the machine.
         self._tuner = (
-            ThreadTuner(thread_candidates(usable_cores()))
+            ThreadTuner(thread_candidates(usable_cores(), system_load()))
             if n_threads is None and n_threads_batch is None
             else None
         )
@@ -337,12 +344,23 @@ class BatchEngine:
         does, and wake the loop so the sequence is released before the next step."""
         with self._cond:
             seq.cancelled = True
+            waiting = seq in self._inbox
+            if waiting:
+                # Not admitted yet: it holds no KV cells, so it can go now, without
+                # waiting for the step in flight to end.
+                self._inbox.remove(seq)
+                self._started -= 1
             in_flight = self._in_flight
             aborts = seq.id in self._in_flight_prefill or all(s.cancelled for s in in_flight)
             if in_flight and any(s is seq for s in in_flight) and aborts:
                 self._flag[0] = b"\x01"
             self._wake = True
             self._cond.notify()
+        if waiting:
+            try:
+                seq.on_exit()
+            finally:
+                seq.producer.release()
 
     def _room(self) -> None:
         with self._cond:

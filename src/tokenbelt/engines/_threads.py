@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from .._errors import InvalidArgument
+
 
 def usable_cores() -> int:
     """The cores this process may run on (CPU affinity where the OS has it)."""
@@ -27,9 +29,41 @@ def default_threads() -> tuple[int, int]:
     return cores, cores
 
 
-def thread_candidates(cores: int) -> list[int]:
-    """The thread counts the tuner picks from: all cores, one fewer, half."""
-    return sorted({cores, max(1, cores - 1), max(1, cores // 2)}, reverse=True)
+def thread_candidates(cores: int, load: float | None = None) -> list[int]:
+    """The thread counts the tuner picks from: all cores, one fewer, half.
+
+    Tried in this order (the most first), unless ``load`` (the system's load average)
+    says the cores are busy already: then the fewest first, since a first try with
+    every core costs seconds on a busy machine.
+    """
+    counts = sorted({cores, max(1, cores - 1), max(1, cores // 2)}, reverse=True)
+    if load is not None and load >= cores:
+        counts.reverse()
+    return counts
+
+
+def check_threads(name: str, value: int | None) -> int | None:
+    """Reject a thread count that is not an integer from 1 to 4x this machine's CPUs.
+
+    llama.cpp (its OpenMP runtime) crashes the process when it cannot create the
+    threads asked for, so an absurd count is refused here, with a reason.
+    """
+    if value is None:
+        return None
+    limit = 4 * (os.cpu_count() or 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise InvalidArgument(
+            f"{name} must be an integer from 1 to {limit} (4 x the {os.cpu_count()} CPUs "
+            f"here), got {value!r}"
+        )
+    return value
+
+
+def system_load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return None
 
 
 class ThreadTuner:

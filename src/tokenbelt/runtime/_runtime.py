@@ -12,7 +12,7 @@ from typing import Any
 from .._errors import RuntimeClosed, UnknownModel
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity
 from ..engines import BatchEngine, Engine
-from ..engines._threads import default_threads
+from ..engines._threads import check_threads, default_threads
 from ..models import DEFAULT_ALIAS, resolve_and_fetch
 from ._model import Model
 
@@ -55,8 +55,8 @@ class Runtime:
         self.limits = limits or Limits()
         self.keep_alive = keep_alive
         self.n_ctx = check_capacity(n_ctx, name="n_ctx")
-        self.n_threads = n_threads
-        self.n_threads_batch = n_threads_batch
+        self.n_threads = check_threads("n_threads", n_threads)
+        self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
         self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
         self._models: dict[str, Model] = {}
