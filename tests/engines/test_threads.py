@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
+from tokenbelt import InvalidArgument, Runtime
 from tokenbelt.engines._threads import ThreadTuner, thread_candidates
 
 
@@ -46,12 +51,6 @@ def test_a_busy_machine_tries_the_fewest_threads_first() -> None:
 
 
 def test_thread_counts_beyond_what_the_machine_can_start_are_refused() -> None:
-    import os
-
-    import pytest
-
-    from tokenbelt import InvalidArgument, Runtime
-
     with pytest.raises(InvalidArgument, match="from 1 to"):
         Runtime(n_threads=4 * (os.cpu_count() or 1) + 1)
     with pytest.raises(InvalidArgument, match="from 1 to"):
