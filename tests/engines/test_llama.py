@@ -296,6 +296,7 @@ def test_stop_string_ends_with_stop_and_is_not_emitted(
 
     text, run = generate(engine, chat("Tell me about the sea.", stop=[stop], max_tokens=64))
     assert run.belt.end_reason is EndReason.STOP
+    assert run.belt.trace.stop_sequence == stop
     assert stop not in text
     assert text == full[: full.index(stop)]
     assert run.belt.trace.completion_tokens < RAMBLE.sampling.max_tokens

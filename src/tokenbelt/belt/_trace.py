@@ -87,6 +87,8 @@ class Trace:
         self.released: float | None = None
         self.end_reason: EndReason | None = None
         self.error: str | None = None
+        #: the stop string that ended the request (set by the engine), if one did
+        self.stop_sequence: str | None = None
         self.prompt_tokens = 0
         #: prompt tokens whose KV cells came from the prefix cache instead of compute
         self.cached_tokens = 0
@@ -317,6 +319,7 @@ class Trace:
             "completion_tokens": self.completion_tokens,
             "buffer_peak": self.buffer_peak,
             "end_reason": None if self.end_reason is None else self.end_reason.value,
+            "stop_sequence": self.stop_sequence,
             "error": self.error,
             "release_lagged": self.release_lagged,
             "batched_with": sorted(self.batched_with),

@@ -610,6 +610,7 @@ class BatchEngine:
         n = lib.llama_token_to_piece(self._vocab, token, self._piece, 256, 0, False)
         text, hit = seq.stopper.feed(seq.decoder.decode(self._piece.raw[: max(n, 0)]))
         if hit:
+            seq.producer.trace.stop_sequence = seq.stopper.matched
             self._end(seq, text, EndReason.STOP)
         elif seq.produced >= seq.max_new:
             self._end(seq, text + self._tail(seq), EndReason.LENGTH)

@@ -121,16 +121,19 @@ class _StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = stops
         self.held = ""
+        #: the stop string that was hit (the earliest in the text), once one is
+        self.matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was hit)."""
         if not self.stops:
             return text, False
         held = self.held + text
-        hits = [i for i in (held.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
         if hits:
             self.held = ""
-            return held[: min(hits)], True
+            at, self.matched = min(hits)
+            return held[:at], True
         keep = 0
         for s in self.stops:
             for n in range(min(len(s) - 1, len(held)), 0, -1):
@@ -282,6 +285,7 @@ class LlamaEngine:
                 text, hit = stopper.feed(decoder.decode(llm.detokenize([token])))
                 belt.put(text)
                 if hit:
+                    belt.trace.stop_sequence = stopper.matched
                     return EndReason.STOP
                 if produced >= max_new:
                     flush()
