@@ -17,6 +17,7 @@ from ..belt import (
     Observer,
     Trace,
     check_capacity,
+    check_duration,
     new_request_id,
 )
 from ..engines import Engine, GenerationRequest, Message, SamplingParams
@@ -86,12 +87,15 @@ class Model:
         observers: Sequence[Observer] = (),
         info: dict[str, Any] | None = None,
         timer: DeadlineTimer | None = None,
+        reloadable: bool = True,
     ) -> None:
         self.name = name
         self.capacity = check_capacity(capacity)
         self.queue_size = check_capacity(queue_size, name="queue_size")
         self.limits = limits or Limits()
         self.keep_alive = keep_alive
+        #: False for engines given ready-made: closed, they cannot be made again
+        self.reloadable = reloadable
         self.info: dict[str, Any] = dict(info or {})
         self._engine_factory = engine_factory
         # Deadlines fire from one timer (the runtime's), whether or not anyone reads.
@@ -163,6 +167,35 @@ class Model:
             timer.name = f"tokenbelt-keepalive-{self.name}"
             self._idle_timer = timer
             timer.start()
+
+    def set_keep_alive(self, seconds: float | None) -> None:
+        """Keep the model loaded ``seconds`` after its last request (``None``: for ever).
+
+        Applies from now on: an idle model's timer starts again, and ``0`` unloads an
+        idle model before this returns (blocking while its engines close); a busy one
+        unloads when its last request is released. The next request loads it again.
+        Raises ``IllegalState`` for a model that could not be loaded again.
+        """
+        if seconds is not None:
+            seconds = check_duration("keep_alive", seconds)
+        if seconds is not None and not self.reloadable:
+            raise IllegalState(
+                f"model {self.name} cannot be unloaded: its engines were given ready-made "
+                "and could not be made again"
+            )
+        with self._lock:
+            self.keep_alive = seconds
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            stats = self._scheduler.statistics() if self._scheduler else None
+            idle = stats is not None and not stats.running and not stats.queued
+        if not idle or seconds is None:
+            return
+        if seconds == 0:
+            self._unload_if_idle()
+        else:
+            self._arm_idle()
 
     def _unload_if_idle(self) -> None:
         with self._lock:

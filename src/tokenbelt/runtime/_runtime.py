@@ -126,6 +126,7 @@ class Runtime:
         else:
             factory = list(engines).copy
             options["keep_alive"] = None
+            options["reloadable"] = False
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
 
     def _model(self, name: str, factory: Callable[[], Sequence[Engine]], **options: Any) -> Model:
