@@ -1,11 +1,13 @@
-"""The OpenAI-compatible HTTP service: routes that translate, and hold no generation logic."""
+"""The OpenAI-compatible HTTP service: routes that translate, and hold no generation logic.
+
+``RequestPath`` (``_serving``) submits and answers for the routes.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from functools import partial
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from .._errors import InvalidArgument
@@ -23,27 +24,14 @@ from ..belt import EndReason
 from ..engines import GenerationRequest, Message
 from ..runtime import Model, Runtime, Stream, sampling_from
 from . import _errors
-from ._errors import compact_json, error_response
+from ._errors import Dialects, error_response
 from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
-from ._responses import DeferredResponse, EventStreamResponse
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
 from ._state import ServerSettings, ServerState
 
 STATIC = Path(__file__).parent / "static"
-RELEASE_WAIT_S = 2.0
-
-
-class _Asgi(Response):
-    """Lets a route return one of our ASGI callables as a starlette ``Response``."""
-
-    def __init__(self, app: Callable[[Scope, Receive, Send], Any]) -> None:
-        self.app = app
-        self.background = None
-        self.status_code = 200
-        self.raw_headers = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+API = "openai"
 
 
 def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
@@ -56,11 +44,6 @@ def _prompt(body: CompletionRequest) -> str:
     if len(body.prompt) != 1:
         raise InvalidArgument("prompt must be one string (a list must hold exactly one)")
     return body.prompt[0]
-
-
-def _tokenbelt_final(stream: Stream) -> dict[str, Any]:
-    reason = stream.end_reason or EndReason.RUNTIME_ERROR
-    return {"end_reason": reason.value, "trace": stream.trace.to_dict()}
 
 
 def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
@@ -88,6 +71,8 @@ def create_app(
     """
     settings = settings or ServerSettings()
     state = ServerState(runtime, settings)
+    path = RequestPath(state)
+    dialects = Dialects()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,16 +89,16 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.tokenbelt = state
-    _errors.install(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    _errors.install(app, dialects)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
     if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, dialects=dialects)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type"],
+            allow_headers=["authorization", "content-type", "x-api-key"],
             expose_headers=["x-request-id", "x-tokenbelt-trace"],
         )
     if STATIC.is_dir():
@@ -180,17 +165,7 @@ def create_app(
     # -- requests ----------------------------------------------------------------------------
 
     async def _submit(model: Model, body: _Sampling, request: GenerationRequest) -> Stream:
-        options = body.tokenbelt
-        stream = await anyio.to_thread.run_sync(
-            partial(
-                model.submit,
-                request,
-                limits=state.limits_for(options),
-                capacity=(options.capacity if options else None) or settings.capacity,
-            )
-        )
-        state.track(stream)
-        return stream
+        return (await path.submit(model, request, body.tokenbelt, api=API)).stream
 
     async def _events(
         stream: Stream, model: str, obj: str, include_usage: bool, chat: bool
@@ -227,7 +202,7 @@ def create_app(
             last["delta"] = {}
         else:
             last["text"] = ""
-        final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": _tokenbelt_final(stream)}
+        final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": tokenbelt_final(stream)}
         if error is not None:
             final["error"] = _errors.error_body(error, "server_error", "runtime_error")["error"]
         yield final
@@ -235,54 +210,12 @@ def create_app(
             yield {**base, "choices": [], "usage": stream.usage.to_dict()}
         yield "[DONE]"
 
-    def _answer(stream: Stream, render: Callable[[Stream], dict[str, Any]]) -> Response:
-        headers = {"x-request-id": stream.request_id}
-
-        async def compute() -> Response:
-            try:
-                reply = await stream.aread()
-            except Exception as exc:
-                await stream.await_released(RELEASE_WAIT_S)
-                headers["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
-                return error_response(
-                    500,
-                    f"generation failed: {exc}",
-                    "server_error",
-                    "runtime_error",
-                    headers=headers,
-                    extra={"tokenbelt": _tokenbelt_final(stream)},
-                )
-            await stream.await_released(RELEASE_WAIT_S)
-            headers["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
-            reason = reply.end_reason
-            if reason.is_timeout:
-                return error_response(
-                    504,
-                    f"the request ended with {reason.value}",
-                    "timeout",
-                    reason.value,
-                    headers=headers,
-                    extra={"tokenbelt": _tokenbelt_final(stream)},
-                )
-            if reason is EndReason.SHUTDOWN:
-                return error_response(
-                    503,
-                    "the server is shutting down",
-                    "service_unavailable",
-                    reason.value,
-                    headers=headers,
-                    extra={"tokenbelt": _tokenbelt_final(stream)},
-                )
-            return JSONResponse(render(stream), headers=headers)
-
-        return _Asgi(DeferredResponse(stream, compute))
-
     def _respond(stream: Stream, body: _Sampling, model: Model, chat: bool) -> Response:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             obj = "chat.completion.chunk" if chat else "text_completion"
             events = _events(stream, model.name, obj, include_usage, chat)
-            return _Asgi(EventStreamResponse(stream, events, {"x-request-id": stream.request_id}))
+            return path.streaming(stream, events)
 
         def render(s: Stream) -> dict[str, Any]:
             reason = s.end_reason or EndReason.RUNTIME_ERROR
@@ -301,10 +234,10 @@ def create_app(
                 "model": model.name,
                 "choices": [choice],
                 "usage": s.usage.to_dict(),
-                "tokenbelt": _tokenbelt_final(s),
+                "tokenbelt": tokenbelt_final(s),
             }
 
-        return _answer(stream, render)
+        return path.answer(stream, render, shape=_errors.openai_shape)
 
     @app.post("/v1/chat/completions", summary="Chat completion (streaming with stream=true)")
     async def chat_completions(body: ChatCompletionRequest) -> Response:

@@ -1,8 +1,15 @@
-"""OpenAI-style error bodies, and the one place that picks HTTP status codes."""
+"""Error bodies in each API's own shape, and the one place that picks HTTP status codes.
+
+Routes and handlers speak in OpenAI terms (a status, a message, a type, a code); an
+``ErrorShape`` turns that into the body of the API the request came in on. Which
+shape a path answers in is a ``Dialects`` lookup by path prefix.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,10 +28,46 @@ from .._errors import (
 )
 
 
+class UnsupportedParameter(InvalidArgument):
+    """A request used a parameter tokenbelt does not support; answered 400, never ignored."""
+
+    def __init__(self, param: str, why: str = "tokenbelt does not support it") -> None:
+        super().__init__(f"unsupported parameter {param!r}: {why}")
+        self.param = param
+
+
+#: (status, message, type, code, param) -> (status, body) in one API's shape
+ErrorShape = Callable[[int, str, str, str | None, str | None], tuple[int, dict[str, Any]]]
+
+
 def error_body(
     message: str, type_: str, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def openai_shape(
+    status: int, message: str, type_: str, code: str | None, param: str | None
+) -> tuple[int, dict[str, Any]]:
+    """The OpenAI API's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return status, error_body(message, type_, code, param)
+
+
+class Dialects:
+    """Which error shape each API answers in, by path prefix (the longest match wins)."""
+
+    def __init__(self) -> None:
+        self._shapes: list[tuple[str, ErrorShape]] = []
+
+    def add(self, prefix: str, shape: ErrorShape) -> None:
+        self._shapes.append((prefix, shape))
+        self._shapes.sort(key=lambda item: len(item[0]), reverse=True)
+
+    def shape_for(self, path: str) -> ErrorShape:
+        for prefix, shape in self._shapes:
+            if path.startswith(prefix):
+                return shape
+        return openai_shape
 
 
 def error_response(
@@ -36,43 +79,54 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
     extra: dict[str, Any] | None = None,
+    shape: ErrorShape = openai_shape,
 ) -> JSONResponse:
-    body = error_body(message, type_, code, param)
+    status, body = shape(status, message, type_, code, param)
     if extra:
         body.update(extra)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def response_for(exc: TokenbeltError, retry_after_s: int = 1) -> JSONResponse:
+def response_for(
+    exc: TokenbeltError, retry_after_s: int = 1, shape: ErrorShape = openai_shape
+) -> JSONResponse:
     """Map a tokenbelt error to its HTTP answer."""
+    answer = partial(error_response, shape=shape)
     retry = {"Retry-After": str(retry_after_s)}
     if isinstance(exc, QueueFull):
-        return error_response(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
+        return answer(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
     if isinstance(exc, ModelLoading):
-        return error_response(503, str(exc), "service_unavailable", "model_loading", headers=retry)
+        return answer(503, str(exc), "service_unavailable", "model_loading", headers=retry)
     if isinstance(exc, RuntimeClosed):
-        return error_response(503, str(exc), "service_unavailable", "shutting_down")
+        return answer(503, str(exc), "service_unavailable", "shutting_down")
     if isinstance(exc, UnknownModel):
-        return error_response(
-            404, str(exc), "invalid_request_error", "model_not_found", param="model"
-        )
+        return answer(404, str(exc), "invalid_request_error", "model_not_found", param="model")
     if isinstance(exc, PromptTooLong):
-        return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
+        return answer(400, str(exc), "invalid_request_error", "context_length_exceeded")
+    if isinstance(exc, UnsupportedParameter):
+        return answer(
+            400, str(exc), "invalid_request_error", "unsupported_parameter", param=exc.param
+        )
     if isinstance(exc, InvalidArgument):
-        return error_response(400, str(exc), "invalid_request_error", "invalid_value")
-    return error_response(500, str(exc), "server_error", "internal_error")
+        return answer(400, str(exc), "invalid_request_error", "invalid_value")
+    return answer(500, str(exc), "server_error", "internal_error")
 
 
 def _describe(errors: list[Any]) -> str:
     parts = []
     for err in errors[:5]:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+        # pydantic's "Extra inputs are not permitted" does not say what the user needs to hear.
+        msg = "unsupported parameter" if err.get("type") == "extra_forbidden" else err.get("msg")
+        parts.append(f"{loc or 'body'}: {msg or 'invalid'}")
     return "; ".join(parts)
 
 
-def install(app: FastAPI) -> None:
-    """Make every error an OpenAI-style JSON body."""
+def install(app: FastAPI, dialects: Dialects) -> None:
+    """Make every error a JSON body in the shape of the API its path belongs to."""
+
+    def shape(request: Request) -> ErrorShape:
+        return dialects.shape_for(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -81,12 +135,21 @@ def install(app: FastAPI) -> None:
             tuple(e.get("loc", ())) == ("body",) for e in errors
         ):
             return error_response(
-                400, "the body must be a JSON object", "invalid_request_error", "invalid_json"
+                400,
+                "the body must be a JSON object",
+                "invalid_request_error",
+                "invalid_json",
+                shape=shape(request),
             )
         first = errors[0] if errors else {}
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
         return error_response(
-            422, _describe(errors), "invalid_request_error", "invalid_body", param=param
+            422,
+            _describe(errors),
+            "invalid_request_error",
+            "invalid_body",
+            param=param,
+            shape=shape(request),
         )
 
     @app.exception_handler(StarletteHTTPException)
@@ -97,11 +160,13 @@ def install(app: FastAPI) -> None:
             "invalid_request_error",
             getattr(exc, "code", None),
             headers=dict(exc.headers) if exc.headers else None,
+            shape=shape(request),
         )
 
     @app.exception_handler(TokenbeltError)
     async def tokenbelt_error(request: Request, exc: TokenbeltError) -> JSONResponse:
-        return response_for(exc, request.app.state.tokenbelt.settings.retry_after_s)
+        retry_after_s = request.app.state.tokenbelt.settings.retry_after_s
+        return response_for(exc, retry_after_s, shape(request))
 
 
 def compact_json(value: Any) -> str:

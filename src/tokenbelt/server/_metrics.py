@@ -1,13 +1,17 @@
 """Prometheus series and the one-JSON-line-per-request log, fed by trace events.
 
 Series follow Prometheus naming (base units, ``_seconds``, ``_total``). Each app
-has its own registry, so two servers in one process never share counters.
+has its own registry, so two servers in one process never share counters. Series
+counted per request carry the ``api`` the request came in on (``openai``, ``ollama``,
+``anthropic``; ``sdk`` for a request made in-process on the server's runtime).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -24,6 +28,11 @@ request_log = logging.getLogger("tokenbelt.requests")
 _FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
+#: the label of requests no HTTP API announced
+SDK = "sdk"
+#: far more requests than can be queued or running at once
+_LABELS_KEPT = 4096
+
 
 class Metrics:
     """Turns trace events into Prometheus series and request log lines."""
@@ -39,54 +48,57 @@ class Metrics:
         self.queue_time = Histogram(
             "tokenbelt_queue_time_seconds",
             "Time from enqueue to admission.",
-            ["model"],
+            ["model", "api"],
             buckets=_SLOW,
             registry=r,
         )
         self.ttft = Histogram(
             "tokenbelt_time_to_first_token_seconds",
             "Time from enqueue to the first token (queue wait included).",
-            ["model"],
+            ["model", "api"],
             buckets=_SLOW,
             registry=r,
         )
         self.itl = Histogram(
             "tokenbelt_inter_token_latency_seconds",
             "Gap between two consecutive tokens of a request, as produced.",
-            ["model"],
+            ["model", "api"],
             buckets=_FAST,
             registry=r,
         )
         self.e2e = Histogram(
             "tokenbelt_e2e_request_latency_seconds",
             "Time from enqueue to release.",
-            ["model"],
+            ["model", "api"],
             buckets=_SLOW,
             registry=r,
         )
         self.cancel_to_release = Histogram(
             "tokenbelt_cancel_to_release_seconds",
             "Time from a stop (cancel, disconnect, deadline) to the engine's release.",
-            ["model"],
+            ["model", "api"],
             buckets=_FAST,
             registry=r,
         )
         self.requests = Counter(
             "tokenbelt_requests",
             "Finished requests by end reason.",
-            ["model", "end_reason"],
+            ["model", "api", "end_reason"],
             registry=r,
         )
         self.prompt_tokens = Counter(
-            "tokenbelt_prompt_tokens", "Prompt tokens processed.", ["model"], registry=r
+            "tokenbelt_prompt_tokens", "Prompt tokens processed.", ["model", "api"], registry=r
         )
         self.completion_tokens = Counter(
-            "tokenbelt_completion_tokens", "Completion tokens generated.", ["model"], registry=r
+            "tokenbelt_completion_tokens",
+            "Completion tokens generated.",
+            ["model", "api"],
+            registry=r,
         )
         self.release_lag = Counter(
             "tokenbelt_release_lag_alerts",
             "Requests released more than the threshold after they were asked to stop.",
-            ["model"],
+            ["model", "api"],
             registry=r,
         )
         self.queue_depth = Gauge(
@@ -96,6 +108,26 @@ class Metrics:
             "tokenbelt_running_requests", "Requests holding a slot.", ["model"], registry=r
         )
         self._stats = stats
+        # request id -> api, set just before a request is submitted. Kept past the release
+        # (a release-lag alert may follow it), bounded by forgetting the oldest.
+        self._apis: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def label(self, request_id: str, api: str) -> None:
+        """Say which API ``request_id`` came in on; call it before submitting the request."""
+        with self._lock:
+            self._apis[request_id] = api
+            while len(self._apis) > _LABELS_KEPT:
+                self._apis.popitem(last=False)
+
+    def forget(self, request_id: str) -> None:
+        """Drop the label of a request that was never enqueued (its submit raised)."""
+        with self._lock:
+            self._apis.pop(request_id, None)
+
+    def _api(self, request_id: str) -> str:
+        with self._lock:
+            return self._apis.get(request_id, SDK)
 
     def refresh_gauges(self) -> None:
         """Read queue depth and running requests from the schedulers (at scrape time)."""
@@ -105,17 +137,18 @@ class Metrics:
 
     def observe(self, event: TraceEvent) -> None:
         """A trace observer: count a request once, at its release."""
+        t = event.trace
         if event.kind == "release_lag":
-            self.release_lag.labels(event.trace.model or "").inc()
+            self.release_lag.labels(t.model or "", self._api(t.request_id)).inc()
             return
         if event.kind != "released":
             return
-        t = event.trace
         model = t.model or ""
+        api = self._api(t.request_id)
         reason = t.end_reason or EndReason.RUNTIME_ERROR
-        self.requests.labels(model, reason.value).inc()
-        self.prompt_tokens.labels(model).inc(t.prompt_tokens)
-        self.completion_tokens.labels(model).inc(t.completion_tokens)
+        self.requests.labels(model, api, reason.value).inc()
+        self.prompt_tokens.labels(model, api).inc(t.prompt_tokens)
+        self.completion_tokens.labels(model, api).inc(t.completion_tokens)
         for hist, value in (
             (self.queue_time, t.queue_wait),
             (self.ttft, t.time_to_first_token),
@@ -123,11 +156,11 @@ class Metrics:
             (self.cancel_to_release, t.cancel_to_release),
         ):
             if value is not None:
-                hist.labels(model).observe(value)
-        itl = self.itl.labels(model)
+                hist.labels(model, api).observe(value)
+        itl = self.itl.labels(model, api)
         for gap in t.token_gaps:
             itl.observe(gap)
-        request_log.info("%s", json.dumps({"event": "request", **t.to_dict()}))
+        request_log.info("%s", json.dumps({"event": "request", "api": api, **t.to_dict()}))
 
 
 class _BatchCollector(Collector):

@@ -2,13 +2,14 @@
 
 Both listen on the ASGI ``receive`` channel in a task group beside the writer
 (as starlette's ``StreamingResponse`` did before ASGI 2.4): the moment the client
-goes away, the request is cancelled with ``client_disconnect``, whether it is
-queued, in prefill or decoding. Nothing polls per token.
+goes away, ``stop`` is called (for a generation: cancel with ``client_disconnect``,
+whether it is queued, in prefill or decoding). Nothing polls per token.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -17,14 +18,33 @@ from ..belt import EndReason
 from ..runtime import Stream
 from ._errors import compact_json
 
+#: what a response calls when its client goes away (and whenever it ends, to be sure)
+Stop = Callable[[], object]
+#: turns one event of a body into the bytes written for it
+Encode = Callable[[object], bytes]
 
-async def _listen_for_disconnect(
-    receive: Receive, stream: Stream, scope: anyio.CancelScope
-) -> None:
+
+def disconnect(stream: Stream) -> Stop:
+    """The ``stop`` of a generation: cancel it with ``client_disconnect``."""
+    return partial(stream.cancel, EndReason.CLIENT_DISCONNECT)
+
+
+def sse(event: object) -> bytes:
+    """One server-sent event: ``data: {json}`` (a string is sent as it is)."""
+    data = event if isinstance(event, str) else compact_json(event)
+    return f"data: {data}\n\n".encode()
+
+
+def ndjson(event: object) -> bytes:
+    """One JSON object on one line."""
+    return (compact_json(event) + "\n").encode()
+
+
+async def _listen_for_disconnect(receive: Receive, stop: Stop, scope: anyio.CancelScope) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            stream.cancel(EndReason.CLIENT_DISCONNECT)
+            stop()
             scope.cancel()
             return
 
@@ -34,20 +54,28 @@ def _headers(pairs: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 class EventStreamResponse:
-    """Server-sent events from an async iterator of JSON-able events.
+    """A streamed body from an async iterator of events, each written as ``encode`` says.
 
-    ``events`` yields dicts (sent as ``data: {json}``) and finally the string
-    ``"[DONE]"``. Writing waits for the socket (uvicorn's flow control), so a
+    By default server-sent events: ``events`` yields dicts (sent as ``data: {json}``)
+    and finally the string ``"[DONE]"``; ``ndjson`` with its media type gives one JSON
+    object per line. Writing waits for the socket (uvicorn's flow control), so a
     reader that stops reading stops pulling from the belt, which pauses the model.
     """
 
     def __init__(
-        self, stream: Stream, events: AsyncIterator[object], headers: dict[str, str]
+        self,
+        stop: Stop,
+        events: AsyncIterator[object],
+        headers: dict[str, str],
+        *,
+        encode: Encode = sse,
+        media_type: str = "text/event-stream; charset=utf-8",
     ) -> None:
-        self.stream = stream
+        self.stop = stop
         self.events = events
+        self.encode = encode
         self.headers = {
-            "content-type": "text/event-stream; charset=utf-8",
+            "content-type": media_type,
             "cache-control": "no-cache",
             "x-accel-buffering": "no",
             **headers,
@@ -64,27 +92,26 @@ class EventStreamResponse:
                     }
                 )
                 async for event in self.events:
-                    data = event if isinstance(event, str) else compact_json(event)
                     await send(
                         {
                             "type": "http.response.body",
-                            "body": f"data: {data}\n\n".encode(),
+                            "body": self.encode(event),
                             "more_body": True,
                         }
                     )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except OSError:
-                self.stream.cancel(EndReason.CLIENT_DISCONNECT)
+                self.stop()
             finally:
                 group.cancel_scope.cancel()
 
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(_listen_for_disconnect, receive, self.stream, group.cancel_scope)
+                group.start_soon(_listen_for_disconnect, receive, self.stop, group.cancel_scope)
                 await write(group)
         finally:
             # Whatever ended the response, the model must not keep generating.
-            self.stream.cancel(EndReason.CLIENT_DISCONNECT)
+            self.stop()
 
 
 class DeferredResponse:
@@ -95,20 +122,20 @@ class DeferredResponse:
 
     def __init__(
         self,
-        stream: Stream,
+        stop: Stop,
         compute: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]],
     ) -> None:
-        self.stream = stream
+        self.stop = stop
         self.compute = compute
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = None
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(_listen_for_disconnect, receive, self.stream, group.cancel_scope)
+                group.start_soon(_listen_for_disconnect, receive, self.stop, group.cancel_scope)
                 response = await self.compute()
                 group.cancel_scope.cancel()
         finally:
-            self.stream.cancel(EndReason.CLIENT_DISCONNECT)
+            self.stop()
         if response is not None:
             await response(scope, receive, send)

@@ -1,0 +1,163 @@
+"""The request path every API shares: submit, stream or answer, and the end of a request.
+
+The OpenAI, Ollama and Anthropic routes only translate bodies; admission, deadlines,
+belt capacity, the request record, metrics and the race against the client's
+disconnect all happen here, the same way for each of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import anyio
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from ..belt import EndReason, new_request_id
+from ..engines import GenerationRequest
+from ..runtime import Model, ModelState, Stream
+from ._errors import ErrorShape, compact_json, error_response
+from ._responses import DeferredResponse, Encode, EventStreamResponse, disconnect, sse
+from ._schemas import TokenbeltOptions
+from ._state import ServerState
+
+#: how long an answer waits for the engine to let go before it is written anyway
+RELEASE_WAIT_S = 2.0
+
+
+class Asgi(Response):
+    """Lets a route return one of our ASGI callables as a starlette ``Response``."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Any]) -> None:
+        self.app = app
+        self.background = None
+        self.status_code = 200
+        self.raw_headers = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def tokenbelt_final(stream: Stream) -> dict[str, Any]:
+    """The ``tokenbelt`` object of a finished request: its exact end reason and trace."""
+    reason = stream.end_reason or EndReason.RUNTIME_ERROR
+    return {"end_reason": reason.value, "trace": stream.trace.to_dict()}
+
+
+class Submitted:
+    """A request on its way: its stream and how long loading the model took for it."""
+
+    def __init__(self, stream: Stream, load_s: float) -> None:
+        self.stream = stream
+        #: seconds spent loading the model again (it had been unloaded for being idle)
+        self.load_s = load_s
+
+
+class RequestPath:
+    """Submits requests for every API and writes their answers."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def submit(
+        self,
+        model: Model,
+        request: GenerationRequest,
+        options: TokenbeltOptions | None,
+        *,
+        api: str,
+    ) -> Submitted:
+        """Queue ``request`` with the deadlines and capacity of ``options``.
+
+        Blocks (off the event loop) only to reload a model unloaded for being idle and
+        to count the prompt's tokens. Admission errors propagate to the error handlers.
+        """
+        settings = self.state.settings
+        request_id = new_request_id()
+        self.state.metrics.label(request_id, api)
+        reloading = model.state is not ModelState.READY
+        started = time.monotonic()
+        try:
+            stream = await anyio.to_thread.run_sync(
+                partial(
+                    model.submit,
+                    request,
+                    limits=self.state.limits_for(options),
+                    capacity=(options.capacity if options else None) or settings.capacity,
+                    request_id=request_id,
+                )
+            )
+        except BaseException:
+            self.state.metrics.forget(request_id)
+            raise
+        load_s = float(model.info.get("load_s", 0.0)) if reloading else 0.0
+        self.state.track(stream)
+        return Submitted(stream, min(load_s, time.monotonic() - started))
+
+    @staticmethod
+    def streaming(
+        stream: Stream,
+        events: AsyncIterator[object],
+        *,
+        headers: dict[str, str] | None = None,
+        encode: Encode = sse,
+        media_type: str = "text/event-stream; charset=utf-8",
+    ) -> Response:
+        """A streamed body; a client that goes away ends the request ``client_disconnect``."""
+        head = {"x-request-id": stream.request_id, **(headers or {})}
+        return Asgi(
+            EventStreamResponse(
+                disconnect(stream), events, head, encode=encode, media_type=media_type
+            )
+        )
+
+    @staticmethod
+    def answer(
+        stream: Stream,
+        render: Callable[[Stream], dict[str, Any]],
+        *,
+        shape: ErrorShape,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """A non-streaming answer, written once the engine has let go of the request.
+
+        The end decides the status: 500 for an engine failure, 504 for a deadline, 503
+        for a shutdown (each in the API's error ``shape``, with the exact end reason and
+        trace beside it); any other end is ``render(stream)`` with 200.
+        """
+        head = {"x-request-id": stream.request_id, **(headers or {})}
+
+        def failed(status: int, message: str, type_: str, code: str) -> Response:
+            return error_response(
+                status,
+                message,
+                type_,
+                code,
+                headers=head,
+                extra={"tokenbelt": tokenbelt_final(stream)},
+                shape=shape,
+            )
+
+        async def compute() -> Response:
+            try:
+                await stream.aread()
+            except Exception as exc:
+                await stream.await_released(RELEASE_WAIT_S)
+                head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
+                return failed(500, f"generation failed: {exc}", "server_error", "runtime_error")
+            await stream.await_released(RELEASE_WAIT_S)
+            head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
+            reason = stream.end_reason or EndReason.RUNTIME_ERROR
+            if reason.is_timeout:
+                return failed(
+                    504, f"the request ended with {reason.value}", "timeout", reason.value
+                )
+            if reason is EndReason.SHUTDOWN:
+                return failed(503, "the server is shutting down", "service_unavailable", "shutdown")
+            return JSONResponse(render(stream), headers=head)
+
+        later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
+        return Asgi(DeferredResponse(disconnect(stream), later))
