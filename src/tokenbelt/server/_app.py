@@ -1,6 +1,7 @@
-"""The OpenAI-compatible HTTP service: routes that translate, and hold no generation logic.
+"""The HTTP service: the OpenAI-compatible routes, and the Ollama ones beside them.
 
-``RequestPath`` (``_serving``) submits and answers for the routes.
+Routes translate and hold no generation logic: ``RequestPath`` (``_serving``) does the
+rest for every API.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .._errors import InvalidArgument
 from ..belt import EndReason
 from ..engines import GenerationRequest, Message
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import _errors
+from . import _errors, _ollama, _ollama_schemas
 from ._errors import Dialects, error_response
 from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -73,6 +74,7 @@ def create_app(
     state = ServerState(runtime, settings)
     path = RequestPath(state)
     dialects = Dialects()
+    dialects.add(_ollama.PREFIX, _ollama_schemas.error_shape)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -97,7 +99,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["authorization", "content-type", "x-api-key"],
             expose_headers=["x-request-id", "x-tokenbelt-trace"],
         )
@@ -283,4 +285,5 @@ def create_app(
             )
         return JSONResponse(trace.to_dict())
 
+    app.include_router(_ollama.router(state, path))
     return app

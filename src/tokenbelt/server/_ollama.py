@@ -1,0 +1,200 @@
+"""The Ollama API: ``/api/chat`` and ``/api/generate`` translated onto the shared request path.
+
+Streams are NDJSON (one JSON object a line, the last with ``done: true``) unless
+``stream`` is false. The last object carries ``done_reason`` (``stop``, ``length``,
+or the exact tokenbelt end reason, such as ``user_cancel`` or ``total_timeout``), the
+durations Ollama reports (nanoseconds, from the request's trace) and a ``tokenbelt``
+object with the end reason and the trace. The model routes live in ``_ollama_models``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import anyio
+from fastapi import APIRouter
+from starlette.responses import JSONResponse, Response
+
+from ..belt import EndReason
+from ..engines import GenerationRequest, Message
+from ..runtime import Model, sampling_from
+from . import _ollama_models
+from ._errors import UnsupportedParameter
+from ._ollama_schemas import ChatRequest, GenerateRequest, _Generation, error_shape
+from ._responses import ndjson
+from ._serving import RELEASE_WAIT_S, RequestPath, Submitted, tokenbelt_final
+from ._state import ServerState
+
+PREFIX = "/api/"
+API = "ollama"
+NDJSON = "application/x-ndjson"
+
+
+def now() -> str:
+    """A timestamp as Ollama writes ``created_at`` (RFC 3339, UTC)."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float | None) -> int:
+    return 0 if seconds is None else max(0, round(seconds * 1e9))
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
+def durations(submitted: Submitted) -> dict[str, int]:
+    """Ollama's counters and durations (nanoseconds) from the request's trace.
+
+    Prompt evaluation runs from admission to the first token; evaluation from the
+    first token to the last; the total from enqueue to release, plus any reload.
+    """
+    t = submitted.stream.trace
+    load = submitted.load_s
+    total = (t.end_to_end or 0.0) + load
+    return {
+        "total_duration": _ns(total),
+        "load_duration": _ns(load),
+        "prompt_eval_count": t.prompt_tokens,
+        "prompt_eval_duration": _ns(_span(t.admitted, t.first_token)),
+        "eval_count": t.completion_tokens,
+        "eval_duration": _ns(_span(t.first_token, t.last_token)),
+    }
+
+
+def _keep_alive(model: Model, body: _Generation) -> float | Literal[False] | None:
+    """``keep_alive`` in seconds (False: not given), refused before anything runs if the
+    model could not be loaded again after an unload."""
+    seconds = body.keep_alive_seconds()
+    if seconds is not False and not model.reloadable:
+        raise UnsupportedParameter(
+            "keep_alive", f"model {model.name} was given ready-made engines and stays loaded"
+        )
+    return seconds
+
+
+def _apply_keep_alive(model: Model, seconds: float | Literal[False] | None) -> None:
+    """Blocking: ``0`` unloads an idle model before it returns."""
+    if seconds is not False:
+        model.set_keep_alive(seconds)
+
+
+def router(state: ServerState, path: RequestPath) -> APIRouter:
+    """The Ollama routes over ``state``'s models, submitting through ``path``."""
+    api = APIRouter(prefix="/api", tags=["ollama"])
+
+    def model_for(name: str) -> Model:
+        return state.model_for(_ollama_models.local_name(state, name))
+
+    async def load_or_unload(model: Model, body: _Generation, chat: bool) -> Response:
+        """Ollama's way to load a model (no prompt), or unload it (``keep_alive: 0``)."""
+        seconds = _keep_alive(model, body)
+        unloads = seconds == 0
+        if not unloads:  # loading a model only to unload it would be a waste
+            await anyio.to_thread.run_sync(model.ensure_loaded)
+        await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
+        content = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+        return JSONResponse(
+            {
+                "model": model.name,
+                "created_at": now(),
+                **content,
+                "done": True,
+                "done_reason": "unload" if unloads else "load",
+            }
+        )
+
+    def final(submitted: Submitted, name: str, chat: bool, text: str) -> dict[str, Any]:
+        stream = submitted.stream
+        reason = stream.end_reason or EndReason.RUNTIME_ERROR
+        content = (
+            {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+        )
+        return {
+            "model": name,
+            "created_at": now(),
+            **content,
+            "done": True,
+            "done_reason": reason.value,
+            **durations(submitted),
+            "tokenbelt": tokenbelt_final(stream),
+        }
+
+    async def events(submitted: Submitted, name: str, chat: bool) -> AsyncIterator[object]:
+        stream = submitted.stream
+        error: str | None = None
+        try:
+            async for piece in stream:
+                content: dict[str, Any] = (
+                    {"message": {"role": "assistant", "content": piece}}
+                    if chat
+                    else {"response": piece}
+                )
+                yield {"model": name, "created_at": now(), **content, "done": False}
+        except Exception as exc:  # the engine failed: say so in the stream, then end it
+            error = f"generation failed: {type(exc).__name__}: {exc}"
+        await stream.await_released(RELEASE_WAIT_S)
+        if error is not None:
+            # The ``ollama`` client raises ``ResponseError`` for a line with ``error``.
+            yield {"error": error, "tokenbelt": tokenbelt_final(stream)}
+            return
+        yield final(submitted, name, chat, "")
+
+    async def run(
+        model: Model, body: _Generation, request: GenerationRequest, chat: bool
+    ) -> Response:
+        seconds = _keep_alive(model, body)
+        submitted = await path.submit(model, request, body.tokenbelt, api=API)
+        stream = submitted.stream
+        try:
+            # After the submit: the model is busy now, so 0 unloads it once this is released.
+            await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
+        except BaseException:
+            stream.cancel()
+            raise
+        if body.stream:
+            return path.streaming(
+                stream,
+                events(submitted, model.name, chat),
+                encode=ndjson,
+                media_type=NDJSON,
+            )
+        return path.answer(
+            stream,
+            lambda s: final(submitted, model.name, chat, s.text),
+            shape=error_shape,
+        )
+
+    @api.post("/chat", summary="Ollama: chat (NDJSON stream unless stream is false)")
+    async def chat(body: ChatRequest) -> Response:
+        body.check_supported()
+        model = model_for(body.model)
+        if not body.messages:
+            return await load_or_unload(model, body, chat=True)
+        messages: tuple[Message, ...] = tuple(
+            {"role": m.role, "content": m.content} for m in body.messages
+        )
+        sampling = sampling_from(body.sampling(model.context_length))
+        return await run(model, body, GenerationRequest(messages=messages, sampling=sampling), True)
+
+    @api.post("/generate", summary="Ollama: completion of a prompt (raw, or in the chat template)")
+    async def generate(body: GenerateRequest) -> Response:
+        body.check_supported()
+        model = model_for(body.model)
+        if not body.prompt:
+            return await load_or_unload(model, body, chat=False)
+        sampling = sampling_from(body.sampling(model.context_length))
+        if body.raw:
+            request = GenerationRequest(prompt=body.prompt, sampling=sampling)
+        else:
+            messages: list[Message] = []
+            if body.system:
+                messages.append({"role": "system", "content": body.system})
+            messages.append({"role": "user", "content": body.prompt})
+            request = GenerationRequest(messages=tuple(messages), sampling=sampling)
+        return await run(model, body, request, False)
+
+    _ollama_models.add_routes(api, state)
+    return api

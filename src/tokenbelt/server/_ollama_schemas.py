@@ -1,0 +1,223 @@
+"""Request bodies of the Ollama API, and how their options map to tokenbelt's.
+
+Every field Ollama defines is declared, so that one tokenbelt cannot honour is
+refused by name (``UnsupportedParameter``, a 400) instead of being dropped; unknown
+fields are refused by pydantic (``extra="forbid"``). A field sent with its "off"
+value (``tools: []``, ``think: false``, ``format: ""``, what the ``ollama`` client
+sends by default) asks for nothing and is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._errors import UnsupportedParameter
+from ._schemas import TokenbeltOptions
+
+_FORMAT = "tokenbelt has no grammar support yet, so it cannot constrain output to JSON"
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def error_shape(
+    status: int, message: str, type_: str, code: str | None, param: str | None
+) -> tuple[int, dict[str, Any]]:
+    """Ollama's error body, ``{"error": "..."}``; a malformed body is a 400, as in Ollama."""
+    return (400 if status == 422 else status), {"error": message}
+
+
+class Options(BaseModel):
+    """``options``: the sampling and context settings tokenbelt can honour."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=100_000)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0, le=10)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    stop: str | list[str] | None = Field(None, max_length=16)
+    num_predict: int | None = Field(
+        None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: up to the context"
+    )
+    num_ctx: int | None = Field(
+        None, ge=1, description="accepted up to the loaded model's context window"
+    )
+
+
+class _Generation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("", max_length=200, description="a model's name; empty: the first")
+    stream: bool = True
+    options: Options | None = None
+    format: Any = Field(None, description="not supported (no grammar support); 400 if set")
+    keep_alive: float | str | None = Field(
+        None, description="how long the model stays loaded after this request; 0 unloads"
+    )
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tokenbelt: TokenbeltOptions | None = None
+
+    def check_supported(self) -> None:
+        """Raise ``UnsupportedParameter`` for a field set to something tokenbelt can't do."""
+        if self.format not in (None, ""):
+            raise UnsupportedParameter("format", _FORMAT)
+        if self.think not in (None, False):
+            raise UnsupportedParameter("think", "tokenbelt has no thinking mode")
+        if self.logprobs:
+            raise UnsupportedParameter("logprobs", "tokenbelt does not return log probabilities")
+        if self.top_logprobs:
+            raise UnsupportedParameter(
+                "top_logprobs", "tokenbelt does not return log probabilities"
+            )
+
+    def sampling(self, context_length: int) -> dict[str, object]:
+        """The runtime's sampling keyword arguments (None = its default)."""
+        o = self.options or Options.model_validate({})
+        if o.num_ctx is not None and o.num_ctx > context_length:
+            raise UnsupportedParameter(
+                "options.num_ctx",
+                f"the model is loaded with a context window of {context_length} tokens, "
+                f"smaller than {o.num_ctx}",
+            )
+        max_tokens = o.num_predict
+        if max_tokens == 0:
+            raise UnsupportedParameter("options.num_predict", "0 tokens: it must be >= 1, -1 or -2")
+        if max_tokens is not None and max_tokens < 0:
+            max_tokens = context_length  # "until the context is full": the engine stops there
+        return {
+            "max_tokens": max_tokens,
+            "temperature": o.temperature,
+            "top_p": o.top_p,
+            "top_k": o.top_k,
+            "min_p": o.min_p,
+            "repeat_penalty": o.repeat_penalty,
+            "seed": o.seed,
+            "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
+        }
+
+    def keep_alive_seconds(self) -> float | Literal[False] | None:
+        """``keep_alive`` in seconds; None keeps the model for ever; False when not given."""
+        return parse_keep_alive(self.keep_alive)
+
+
+def parse_keep_alive(value: float | str | None) -> float | Literal[False] | None:
+    """Ollama's ``keep_alive``: seconds, or a duration such as ``"5m"`` or ``"1h30m"``.
+
+    A negative value keeps the model loaded for ever (``None``); no value gives False.
+    """
+    if value is None:
+        return False
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        text = text.lstrip("+-")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION.findall(text)
+            if not text or "".join(n + u for n, u in parts) != text:
+                raise UnsupportedParameter(
+                    "keep_alive", f"{value!r} is not a duration such as 30s, 5m or 1h"
+                ) from None
+            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+        seconds *= sign
+    else:
+        seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise UnsupportedParameter("keep_alive", f"{value!r} is not a duration")
+    return None if seconds < 0 else seconds
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str = ""
+    images: list[Any] | None = None
+    tool_calls: list[Any] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+class ChatRequest(_Generation):
+    """``POST /api/chat``."""
+
+    messages: list[ChatMessage] = Field(default_factory=list, max_length=4096)
+    tools: list[Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools:
+            raise UnsupportedParameter("tools", "tokenbelt has no tool calling")
+        for i, m in enumerate(self.messages):
+            for name in ("images", "tool_calls", "tool_name", "thinking"):
+                if getattr(m, name):
+                    raise UnsupportedParameter(f"messages[{i}].{name}")
+
+
+class GenerateRequest(_Generation):
+    """``POST /api/generate``."""
+
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    suffix: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    images: list[Any] | None = None
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.suffix:
+            raise UnsupportedParameter("suffix", "tokenbelt has no fill-in-the-middle mode")
+        if self.template:
+            raise UnsupportedParameter("template", "the model's own chat template is used")
+        if self.context:
+            raise UnsupportedParameter("context", "send the conversation with /api/chat instead")
+        if self.images:
+            raise UnsupportedParameter("images", "tokenbelt serves text models only")
+        for name in ("width", "height", "steps"):
+            if getattr(self, name) is not None:
+                raise UnsupportedParameter(name, "tokenbelt does not generate images")
+        if self.raw and self.system:
+            raise UnsupportedParameter("system", "a raw prompt is sent as it is, with no system")
+
+
+class NameRequest(BaseModel):
+    """``POST /api/show``, ``DELETE /api/delete``: a model's name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("", max_length=200)
+    #: the name's older spelling, still sent by some clients
+    name: str = Field("", max_length=200)
+    verbose: bool = False
+
+    @property
+    def which(self) -> str:
+        return self.model or self.name
+
+
+class PullRequest(NameRequest):
+    """``POST /api/pull``: fetch and verify a catalog model (``insecure`` has no use here)."""
+
+    stream: bool = True
+    insecure: bool = False
+
+
+class EmbedRequest(BaseModel):
+    """``POST /api/embed`` and ``/api/embeddings``: answered 501, tokenbelt has no embeddings."""
+
+    model_config = ConfigDict(extra="allow")

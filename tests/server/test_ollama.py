@@ -1,0 +1,339 @@
+"""The official ``ollama`` client, unchanged, against the real default model: chat, generate,
+stops, durations from the trace, keep_alive, and leaving early (``client_disconnect``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+
+from tokenbelt import EndReason, ModelState
+
+from .conftest import LONG_PROMPT, NET, Served, ServeFactory, real_runtime
+
+pytestmark = pytest.mark.model
+
+SEA = [{"role": "user", "content": "Tell me about the sea."}]
+GREEDY = {"temperature": 0.0, "seed": 1}
+
+
+@pytest.fixture
+def served(serve: ServeFactory) -> Served:
+    return serve(real_runtime())
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[ollama.Client]:
+    with ollama.Client(host=served.url, timeout=NET) as c:
+        yield c
+
+
+def name(served: Served) -> str:
+    return served.model().name
+
+
+def record(served: Served, request_id: str) -> dict[str, object]:
+    body: dict[str, object] = httpx.get(
+        f"{served.url}/v1/requests/{request_id}", timeout=NET
+    ).json()
+    return body
+
+
+def test_chat_durations_and_counts_come_from_the_trace(
+    client: ollama.Client, served: Served
+) -> None:
+    reply = client.chat(name(served), messages=SEA, options={**GREEDY, "num_predict": 12})
+    trace = served.recorder.nth(0)
+    served.assert_released(trace, trace.end_reason or EndReason.RUNTIME_ERROR)
+    assert reply.done is True
+    assert reply.model == name(served)
+    assert reply.message.role == "assistant"
+    assert reply.message.content
+    assert reply.done_reason == trace.end_reason
+    assert trace.end_reason in (EndReason.STOP, EndReason.LENGTH)
+    assert reply.prompt_eval_count == trace.prompt_tokens > 0
+    assert reply.eval_count == trace.completion_tokens
+    assert 0 < reply.eval_count <= 12
+    assert trace.end_to_end is not None
+    assert reply.total_duration == round(trace.end_to_end * 1e9)
+    assert reply.load_duration == 0  # the model was loaded before the request
+    assert reply.prompt_eval_duration is not None
+    assert reply.eval_duration is not None
+    assert 0 < reply.prompt_eval_duration + reply.eval_duration <= reply.total_duration
+
+
+def test_chat_stream_is_the_same_reply_in_pieces(client: ollama.Client, served: Served) -> None:
+    options = {**GREEDY, "num_predict": 24}
+    whole = client.chat(name(served), messages=SEA, options=options)
+    parts = list(client.chat(name(served), messages=SEA, options=options, stream=True))
+    assert len(parts) > 2
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content
+    last = parts[-1]
+    assert last.message.content == ""
+    assert last.done_reason == whole.done_reason
+    assert last.eval_count == whole.eval_count
+    assert last.total_duration is not None
+    assert last.total_duration > 0
+    trace = served.recorder.nth(1)
+    served.assert_released(trace, EndReason(last.done_reason))
+    assert last.eval_count == trace.completion_tokens
+
+
+def test_generate_in_the_template_raw_and_streamed(client: ollama.Client, served: Served) -> None:
+    options = {**GREEDY, "num_predict": 16}
+    templated = client.generate(name(served), "Tell me about the sea.", options=options)
+    assert templated.done is True
+    assert templated.response
+    parts = list(
+        client.generate(name(served), "Tell me about the sea.", options=options, stream=True)
+    )
+    assert "".join(p.response or "" for p in parts) == templated.response
+    assert parts[-1].done is True
+    assert parts[-1].eval_count == templated.eval_count
+
+    # The same text through /api/chat: generate wraps the prompt in the chat template.
+    chat = client.chat(name(served), messages=SEA, options=options)
+    assert chat.message.content == templated.response
+
+    raw = client.generate(name(served), "The capital of France is", raw=True, options=options)
+    assert raw.response
+    assert raw.prompt_eval_count is not None
+    assert raw.prompt_eval_count < (templated.prompt_eval_count or 0)  # no template around it
+
+
+def test_stop_option_ends_before_the_stop_string(client: ollama.Client, served: Served) -> None:
+    options = {**GREEDY, "num_predict": 64}
+    full = client.chat(name(served), messages=SEA, options=options).message.content or ""
+    words = full.split(" ")
+    assert len(words) > 8, full
+    stop = " " + words[6]
+    stopped = client.chat(name(served), messages=SEA, options={**options, "stop": [stop]})
+    assert stopped.done_reason == "stop"
+    assert stopped.message.content == full[: full.index(stop)]
+    assert served.recorder.nth(1).stop_sequence == stop
+
+
+def test_list_show_ps_and_version(client: ollama.Client, served: Served) -> None:
+    listed = {m.model: m for m in client.list().models}
+    assert set(listed) == {name(served), "smollm2-135m"}
+    mine = listed[name(served)]
+    assert mine.size is not None
+    assert mine.size > 1_000_000
+    assert mine.details is not None
+    assert mine.details.format == "gguf"
+    assert mine.details.quantization_level == "Q4_1"
+    assert listed["smollm2-135m"].digest is not None
+    assert listed["smollm2-135m"].digest.startswith("sha256:")
+
+    shown = client.show(name(served))
+    assert shown.details is not None
+    assert shown.details.family == "llama"
+    assert shown.modelinfo is not None
+    assert shown.modelinfo["llama.context_length"] == served.model().context_length
+    assert shown.capabilities == ["completion"]
+    assert client.show("smollm2-135m:latest").details is not None  # Ollama's tag is understood
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.show("no-such-model")
+    assert missing.value.status_code == 404
+
+    running = client.ps().models
+    assert [m.model for m in running] == [name(served)]
+    assert running[0].context_length == served.model().context_length
+    assert running[0].expires_at is None  # this runtime keeps its model loaded for ever
+
+    version = httpx.get(f"{served.url}/api/version", timeout=NET).json()
+    assert set(version) == {"version", "tokenbelt"}
+
+
+def test_pull_of_the_embedded_alias_reports_progress(client: ollama.Client) -> None:
+    parts = list(client.pull("smollm2-135m", stream=True))
+    statuses = [p.status for p in parts]
+    assert statuses[0] == "pulling manifest"
+    assert statuses[-2:] == ["verifying sha256 digest", "success"]
+    progress = [p for p in parts if p.digest]
+    assert progress, statuses
+    assert all(p.digest == progress[0].digest for p in progress)
+    assert progress[0].digest is not None
+    assert progress[0].digest.startswith("sha256:")
+    assert progress[-1].completed == progress[-1].total
+    assert progress[-1].total is not None
+    assert progress[-1].total > 1_000_000
+
+    assert client.pull("smollm2-135m").status == "success"
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.pull("no-such-model")
+    assert missing.value.status_code == 404
+
+
+def test_delete_keeps_a_packaged_file_and_refuses_an_unknown_name(
+    client: ollama.Client,
+) -> None:
+    assert client.delete("smollm2-135m").status == "success"
+    assert "smollm2-135m" in {m.model for m in client.list().models}  # shipped in a package
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.delete("no-such-model")
+    assert missing.value.status_code == 404
+
+
+def test_embeddings_are_a_clear_error(client: ollama.Client, served: Served) -> None:
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(name(served), "hello")
+    assert refused.value.status_code == 501
+    assert "embeddings are not supported" in str(refused.value.error)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"format": "json"}, "format"),
+        ({"format": {"type": "object", "properties": {"a": {"type": "string"}}}}, "format"),
+        ({"options": {"mirostat": 1}}, "options.mirostat"),
+        ({"options": {"num_ctx": 10**7}}, "options.num_ctx"),
+        ({"think": True}, "think"),
+        ({"keep_alive": "soon"}, "keep_alive"),
+    ],
+    ids=["format-json", "format-schema", "unknown-option", "num-ctx-too-big", "think", "keep"],
+)
+def test_unsupported_parameters_are_refused_by_name(
+    client: ollama.Client, served: Served, kwargs: dict[str, object], param: str
+) -> None:
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(name(served), messages=SEA, **kwargs)  # type: ignore[arg-type]
+    assert refused.value.status_code == 400
+    assert param in str(refused.value.error)
+    assert served.recorder.events == []  # refused before anything was queued
+
+
+def test_keep_alive_zero_unloads_and_the_next_request_loads_again(
+    client: ollama.Client, served: Served
+) -> None:
+    model = served.model()
+    unloaded = client.generate(name(served), "", keep_alive=0)
+    assert (unloaded.done, unloaded.done_reason) == (True, "unload")
+    assert model.state is ModelState.IDLE_UNLOADED
+    assert client.ps().models == []
+
+    reply = client.chat(name(served), messages=SEA, options={"num_predict": 4}, keep_alive="5m")
+    assert reply.load_duration is not None
+    assert reply.load_duration > 0
+    assert reply.total_duration is not None
+    assert reply.total_duration > reply.load_duration
+    assert model.state is ModelState.READY
+    (running,) = client.ps().models
+    assert running.expires_at is not None
+    assert model.keep_alive == 300.0
+
+    loaded = client.chat(name(served), messages=[], keep_alive=-1)
+    assert loaded.done_reason == "load"
+    assert model.keep_alive is None
+
+
+def test_request_id_header_and_deadline_extension(served: Served) -> None:
+    body = {
+        "model": name(served),
+        "prompt": LONG_PROMPT,
+        "raw": True,
+        "stream": False,
+        "tokenbelt": {"first_token_timeout": 0.001},
+    }
+    answer = httpx.post(f"{served.url}/api/generate", json=body, timeout=NET)
+    trace = served.recorder.nth(0)
+    assert answer.headers["x-request-id"] == trace.request_id
+    served.assert_released(trace, EndReason.FIRST_TOKEN_TIMEOUT)
+    assert answer.status_code == 504
+    error = answer.json()
+    assert "first_token_timeout" in error["error"]
+    assert error["tokenbelt"]["end_reason"] == "first_token_timeout"
+
+    streamed = httpx.post(
+        f"{served.url}/api/generate", json={**body, "stream": True}, timeout=NET
+    ).text.splitlines()
+    assert len(streamed) == 1  # no token came: only the last object
+    assert '"done_reason":"first_token_timeout"' in streamed[0]
+
+
+def test_closing_a_stream_early_is_client_disconnect(client: ollama.Client, served: Served) -> None:
+    parts = client.chat(
+        name(served), messages=SEA, options={**GREEDY, "num_predict": 2000}, stream=True
+    )
+    first = next(parts)
+    assert first.done is False
+    parts.close()  # type: ignore[attr-defined]
+    trace = served.recorder.nth(0)
+    served.assert_released(trace, EndReason.CLIENT_DISCONNECT)
+    assert 0 < trace.completion_tokens < 2000
+    assert record(served, trace.request_id)["end_reason"] == "client_disconnect"
+
+
+def test_a_non_streaming_chat_whose_client_leaves_is_released(served: Served) -> None:
+    # The only slot is held by a request nobody reads: the chat can only wait in the queue,
+    # and its client gives up (a read timeout), closing the connection.
+    hog = served.model().stream(prompt="Once upon a time", max_tokens=4000)
+    served.recorder.wait(hog.trace, "admitted")
+    with (
+        ollama.Client(host=served.url, timeout=httpx.Timeout(NET, read=1.0)) as impatient,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        impatient.chat(name(served), messages=SEA)
+    trace = served.recorder.nth(1)
+    served.recorder.wait(trace, "released")
+    assert trace.end_reason is EndReason.CLIENT_DISCONNECT
+    assert trace.admitted is None
+    assert record(served, trace.request_id)["end_reason"] == "client_disconnect"
+    hog.cancel()
+    served.assert_released(hog.trace, EndReason.USER_CANCEL)
+
+
+# -- the wire format, read by curl ------------------------------------------------------------
+
+
+def curl(url: str, body: str, headers_file: str) -> list[str]:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    done = subprocess.run(
+        [
+            *("curl", "-sS", "-N", "-D", headers_file, "-H", "content-type: application/json"),
+            *("--max-time", str(int(NET)), "--data-binary", body, url),
+        ],
+        capture_output=True,
+        check=True,
+        text=True,
+        timeout=NET + 5,
+    )
+    return done.stdout.split("\n")
+
+
+@pytest.mark.parametrize("route", ["generate", "chat"])
+def test_ndjson_framing_read_by_curl(served: Served, route: str, tmp_path: Path) -> None:
+    body: dict[str, object] = {"model": name(served), "options": {**GREEDY, "num_predict": 10}}
+    if route == "chat":
+        body["messages"] = SEA
+    else:
+        body["prompt"] = "Tell me about the sea."
+    lines = curl(f"{served.url}/api/{route}", json.dumps(body), str(tmp_path / "headers"))
+    assert lines[-1] == ""  # every object ends with a newline, the last one too
+    objects = [json.loads(line) for line in lines[:-1]]  # one JSON object per line
+    assert len(objects) >= 2
+    assert all(isinstance(o, dict) for o in objects)
+    assert [o["done"] for o in objects] == [False] * (len(objects) - 1) + [True]
+    trace = served.recorder.nth(0)
+    served.assert_released(trace, EndReason(objects[-1]["done_reason"]))
+    assert objects[-1]["eval_count"] == trace.completion_tokens
+    extension = objects[-1]["tokenbelt"]
+    assert extension["end_reason"] == objects[-1]["done_reason"]
+    assert extension["trace"]["request_id"] == trace.request_id
+    if route == "chat":
+        text = "".join(o["message"]["content"] for o in objects)
+    else:
+        text = "".join(o["response"] for o in objects)
+    assert text.strip()
+    headers = (tmp_path / "headers").read_text().lower()
+    assert "content-type: application/x-ndjson" in headers
+    assert f"x-request-id: {trace.request_id}" in headers
