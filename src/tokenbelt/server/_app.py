@@ -1,4 +1,4 @@
-"""The HTTP service: the OpenAI-compatible routes, and the Ollama ones beside them.
+"""The HTTP service: the OpenAI-compatible routes, and the Ollama and Anthropic ones beside them.
 
 Routes translate and hold no generation logic: ``RequestPath`` (``_serving``) does the
 rest for every API.
@@ -24,7 +24,7 @@ from .._errors import InvalidArgument
 from ..belt import EndReason
 from ..engines import GenerationRequest, Message
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import _errors, _ollama, _ollama_schemas
+from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas
 from ._errors import Dialects, error_response
 from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -75,6 +75,7 @@ def create_app(
     path = RequestPath(state)
     dialects = Dialects()
     dialects.add(_ollama.PREFIX, _ollama_schemas.error_shape)
+    dialects.add(_anthropic.PREFIX, _anthropic_schemas.error_shape)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,7 +101,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["authorization", "content-type", "x-api-key"],
+            allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version"],
             expose_headers=["x-request-id", "x-tokenbelt-trace"],
         )
     if STATIC.is_dir():
@@ -286,4 +287,5 @@ def create_app(
         return JSONResponse(trace.to_dict())
 
     app.include_router(_ollama.router(state, path))
+    app.include_router(_anthropic.router(state, path))
     return app

@@ -1,0 +1,229 @@
+"""The official ``anthropic`` SDK, unchanged, against the real default model: messages.create
+and messages.stream, stop sequences, Anthropic-shaped errors, and leaving a stream early."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tokenbelt import EndReason
+
+from .conftest import NET, Served, ServeFactory, real_runtime
+
+pytestmark = pytest.mark.model
+
+SEA: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
+# Newer SDKs dropped ``temperature`` from their signatures; the API still takes it.
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture
+def served(serve: ServeFactory) -> Served:
+    return serve(real_runtime())
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(
+        base_url=served.url, api_key="unused", timeout=NET, max_retries=0
+    ) as c:
+        yield c
+
+
+def name(served: Served) -> str:
+    return served.model().name
+
+
+def text_of(message: anthropic.types.Message) -> str:
+    (block,) = message.content
+    assert block.type == "text"
+    return block.text
+
+
+def test_messages_create(client: anthropic.Anthropic, served: Served) -> None:
+    reply = client.messages.create(
+        model=name(served), max_tokens=12, messages=SEA, extra_body=GREEDY
+    )
+    trace = served.recorder.nth(0)
+    served.assert_released(trace, trace.end_reason or EndReason.RUNTIME_ERROR)
+    assert reply.id == trace.request_id
+    assert reply.type == "message"
+    assert reply.role == "assistant"
+    assert reply.model == name(served)
+    assert text_of(reply)
+    expected = {EndReason.STOP: "end_turn", EndReason.LENGTH: "max_tokens"}
+    assert reply.stop_reason == expected[trace.end_reason or EndReason.RUNTIME_ERROR]
+    assert reply.stop_sequence is None
+    assert reply.usage.input_tokens == trace.prompt_tokens > 0
+    assert reply.usage.output_tokens == trace.completion_tokens
+    assert 0 < reply.usage.output_tokens <= 12
+
+
+def test_system_as_a_string_or_as_text_blocks(client: anthropic.Anthropic, served: Served) -> None:
+    system = "You are a sailor. Answer in one sentence."
+    as_string = client.messages.create(
+        model=name(served), max_tokens=16, messages=SEA, extra_body=GREEDY, system=system
+    )
+    as_blocks = client.messages.create(
+        model=name(served),
+        max_tokens=16,
+        messages=SEA,
+        extra_body=GREEDY,
+        system=[
+            {"type": "text", "text": system[:10]},
+            {"type": "text", "text": system[10:], "cache_control": {"type": "ephemeral"}},
+        ],
+    )
+    # The same conversation through the OpenAI API, with the system prompt as a message.
+    openai_style = httpx.post(
+        f"{served.url}/v1/chat/completions",
+        json={
+            "model": name(served),
+            "messages": [{"role": "system", "content": system}, *SEA],
+            "max_tokens": 16,
+            **GREEDY,
+        },
+        timeout=NET,
+    ).json()
+    assert text_of(as_blocks) == text_of(as_string)
+    assert text_of(as_string) == openai_style["choices"][0]["message"]["content"]
+    assert as_string.usage.input_tokens == openai_style["usage"]["prompt_tokens"]
+
+
+def test_messages_stream(client: anthropic.Anthropic, served: Served) -> None:
+    whole = client.messages.create(
+        model=name(served), max_tokens=24, messages=SEA, extra_body=GREEDY
+    )
+    with client.messages.stream(
+        model=name(served), max_tokens=24, messages=SEA, extra_body=GREEDY
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    kinds = [e.type for e in events if e.type != "text"]
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(kinds[2:-3]) == {"content_block_delta"}
+    assert "".join(e.text for e in events if e.type == "text") == text_of(whole)
+    assert text_of(final) == text_of(whole)
+    assert final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    trace = served.recorder.nth(1)
+    assert final.id == trace.request_id
+    served.assert_released(trace, trace.end_reason or EndReason.RUNTIME_ERROR)
+
+
+def test_a_stop_sequence_ends_the_message(client: anthropic.Anthropic, served: Served) -> None:
+    full = text_of(
+        client.messages.create(model=name(served), max_tokens=64, messages=SEA, extra_body=GREEDY)
+    )
+    words = full.split(" ")
+    assert len(words) > 8, full
+    stop = " " + words[6]
+    reply = client.messages.create(
+        model=name(served), max_tokens=64, messages=SEA, extra_body=GREEDY, stop_sequences=[stop]
+    )
+    assert reply.stop_reason == "stop_sequence"
+    assert reply.stop_sequence == stop
+    assert text_of(reply) == full[: full.index(stop)]
+
+    with client.messages.stream(
+        model=name(served), max_tokens=64, messages=SEA, extra_body=GREEDY, stop_sequences=[stop]
+    ) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    assert text_of(final) == text_of(reply)
+
+
+def test_max_tokens_is_required(client: anthropic.Anthropic, served: Served) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model=name(served),
+            messages=SEA,
+            max_tokens=anthropic.NOT_GIVEN,  # type: ignore[arg-type]
+        )
+    assert refused.value.status_code == 400
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in body["error"]["message"]
+    assert served.recorder.events == []
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "kind", "named"),
+    [
+        ({"model": "no-such-model"}, 404, "not_found_error", "no-such-model"),
+        ({"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, 400, None, "tools"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            400,
+            None,
+            "messages[0].content[0].type",
+        ),
+        ({"messages": [*SEA, {"role": "assistant", "content": "The"}]}, 400, None, "messages[1]"),
+        ({"extra_body": {"temperature": 1.5}}, 400, None, "temperature"),
+    ],
+    ids=["unknown-model", "tools", "image-block", "prefill", "temperature"],
+)
+def test_errors_have_anthropics_shape(
+    client: anthropic.Anthropic,
+    served: Served,
+    change: dict[str, Any],
+    status: int,
+    kind: str | None,
+    named: str,
+) -> None:
+    params: dict[str, Any] = {"model": name(served), "max_tokens": 8, "messages": SEA, **change}
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client.messages.create(**params)
+    assert refused.value.status_code == status
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert set(body) == {"type", "error"}
+    assert body["error"]["type"] == (kind or "invalid_request_error")
+    assert named in body["error"]["message"]
+    assert served.recorder.events == []
+
+
+def test_closing_the_stream_early_is_client_disconnect(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    with client.messages.stream(
+        model=name(served), max_tokens=2000, messages=SEA, extra_body=GREEDY
+    ) as stream:
+        for event in stream:
+            if event.type == "content_block_delta":
+                break
+        request_id = stream.response.headers["x-request-id"]
+    trace = served.recorder.by_id(request_id)
+    served.assert_released(trace, EndReason.CLIENT_DISCONNECT)
+    assert 0 < trace.completion_tokens < 2000
+    record = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
+    assert record["end_reason"] == "client_disconnect"
+
+
+def test_a_cancelled_stream_says_so_in_message_delta(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    with client.messages.stream(
+        model=name(served), max_tokens=2000, messages=SEA, extra_body=GREEDY
+    ) as stream:
+        request_id = stream.response.headers["x-request-id"]
+        cancelled = False
+        for event in stream:
+            if event.type == "content_block_delta" and not cancelled:
+                cancel = f"{served.url}/v1/requests/{request_id}/cancel"
+                assert httpx.post(cancel, timeout=NET).json()["cancelled"] is True
+                cancelled = True
+            if event.type == "message_delta":
+                assert event.delta.stop_reason == "cancelled"  # type: ignore[comparison-overlap]
+                extension = event.model_extra or {}
+                assert extension["tokenbelt"]["end_reason"] == "user_cancel"
+        final = stream.get_final_message()
+    assert final.usage.output_tokens == served.recorder.by_id(request_id).completion_tokens
+    served.assert_released(served.recorder.by_id(request_id), EndReason.USER_CANCEL)
