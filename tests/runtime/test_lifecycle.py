@@ -10,6 +10,7 @@ import pytest
 
 from tokenbelt import (
     EndReason,
+    IllegalState,
     InvalidArgument,
     ModelState,
     Runtime,
@@ -174,6 +175,52 @@ def test_ready_made_engines_survive_the_keep_alive() -> None:
     finally:
         rt.close()
     assert engine.closed
+
+
+def test_set_keep_alive_zero_unloads_an_idle_model_now_and_a_busy_one_at_its_release() -> None:
+    made: list[ScriptedEngine] = []
+
+    def factory() -> list[ScriptedEngine]:
+        made.append(ScriptedEngine(words(1000), delay=0.001))
+        return made[-1:]
+
+    rt = Runtime(keep_alive=None)
+    try:
+        model = rt.add_engines("scripted", factory)
+        assert model.reloadable
+        model.set_keep_alive(0)
+        assert model.state is ModelState.IDLE_UNLOADED  # before set_keep_alive returned
+        assert made[0].closed
+
+        stream = model.stream(prompt="hi", capacity=2)  # loads again
+        pieces = iter(stream)
+        assert next(pieces) == " w0"
+        assert len(made) == 2
+        model.set_keep_alive(0)
+        assert model.state is ModelState.READY  # busy: it stays until the release
+        stream.cancel()
+        wait_until(lambda: model.state is ModelState.IDLE_UNLOADED, "the unload at release")
+        assert made[1].closed
+
+        model.set_keep_alive(None)
+        assert model.complete(prompt="again", max_tokens=2).text == " w0 w1"
+        assert not keep_alive_timers()
+        assert model.state is ModelState.READY
+    finally:
+        rt.close()
+
+
+def test_set_keep_alive_refuses_ready_made_engines(runtime: Runtime) -> None:
+    engine = ScriptedEngine(["hello"], delay=0)
+    model = runtime.add_engines("scripted", [engine])
+    assert not model.reloadable
+    with pytest.raises(IllegalState):
+        model.set_keep_alive(0)
+    with pytest.raises(InvalidArgument):
+        model.set_keep_alive(-1)
+    model.set_keep_alive(None)  # "for ever" is what it has already
+    assert model.state is ModelState.READY
+    assert not engine.closed
 
 
 # -- observers ---------------------------------------------------------------------------------
