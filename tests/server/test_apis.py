@@ -3,6 +3,7 @@ the request id, the tokenbelt extension, and a disconnect that is ``client_disco
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -195,3 +196,28 @@ def test_the_tokenbelt_extension_sets_deadlines_and_capacity(served: Served) -> 
         trace = served.recorder.nth(n)
         served.assert_released(trace, EndReason.TOTAL_TIMEOUT)
         assert 1 <= trace.buffer_peak <= 2
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_an_engine_failure_is_an_error_in_each_apis_shape(
+    serve: ServeFactory, stream: bool
+) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(10), delay=0, fail_after=2)))
+    with httpx.Client(base_url=served.url, timeout=NET) as client:
+        ollama = client.post("/api/generate", json={"prompt": "go", "stream": stream})
+        anthropic = client.post(MESSAGES, json=anthropic_message(stream=stream))
+    for n in range(2):
+        served.assert_released(served.recorder.nth(n), EndReason.RUNTIME_ERROR)
+    if stream:
+        *pieces, last = [json.loads(line) for line in ollama.text.splitlines()]
+        assert [p["response"] for p in pieces] == words(2)
+        assert "DecodeError" in last["error"]
+        assert last["tokenbelt"]["end_reason"] == "runtime_error"
+        assert anthropic.text.rstrip().split("\n\n")[-1].startswith("event: error\n")
+        assert '"type":"api_error"' in anthropic.text
+        assert "message_stop" not in anthropic.text
+    else:
+        assert ollama.status_code == anthropic.status_code == 500
+        assert "scripted failure" in ollama.json()["error"]
+        assert anthropic.json()["error"]["type"] == "api_error"
+        assert anthropic.json()["tokenbelt"]["end_reason"] == "runtime_error"
