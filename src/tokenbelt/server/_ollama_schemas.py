@@ -203,6 +203,7 @@ class NameRequest(BaseModel):
     model: str = Field("", max_length=200)
     #: the name's older spelling, still sent by some clients
     name: str = Field("", max_length=200)
+    #: accepted, no effect: the answer always holds all that tokenbelt knows
     verbose: bool = False
 
     @property
@@ -211,9 +212,10 @@ class NameRequest(BaseModel):
 
 
 class PullRequest(NameRequest):
-    """``POST /api/pull``: fetch and verify a catalog model (``insecure`` has no use here)."""
+    """``POST /api/pull``: fetch and verify a catalog model."""
 
     stream: bool = True
+    #: accepted, no effect: every file is verified against the catalog's sha256 anyway
     insecure: bool = False
 
 
