@@ -188,9 +188,11 @@ def test_set_keep_alive_zero_unloads_an_idle_model_now_and_a_busy_one_at_its_rel
     try:
         model = rt.add_engines("scripted", factory)
         assert model.reloadable
+        context = model.context_length
         model.set_keep_alive(0)
         assert model.state is ModelState.IDLE_UNLOADED  # before set_keep_alive returned
         assert made[0].closed
+        assert model.context_length == context  # what a reload will have again
 
         stream = model.stream(prompt="hi", capacity=2)  # loads again
         pieces = iter(stream)

@@ -108,6 +108,7 @@ class Model:
         self._state = ModelState.LOADING
         self._scheduler: Scheduler | None = None
         self._idle_timer: threading.Timer | None = None
+        self._context_length = 0
         self.loaded_at: float | None = None
         self._load()
 
@@ -133,6 +134,8 @@ class Model:
                     e.close()
                 raise RuntimeClosed(f"model {self.name} was closed while loading")
             self._scheduler = Scheduler(engines, queue_size=self.queue_size, on_idle=self._arm_idle)
+            # Remembered for while the model is unloaded for being idle.
+            self._context_length = engines[0].context_length if engines else 0
             self._state = ModelState.READY
         self.loaded_at = time.monotonic()
         self.info["load_s"] = round(self.loaded_at - started, 3)
@@ -144,8 +147,11 @@ class Model:
 
     @property
     def context_length(self) -> int:
+        """The context window of the loaded engines (unloaded: the one they had)."""
         engines = self.engines
-        return engines[0].context_length if engines else int(self.info.get("context_length", 0))
+        if engines:
+            return engines[0].context_length
+        return self._context_length or int(self.info.get("context_length", 0))
 
     def statistics(self) -> SchedulerStatistics:
         if self._scheduler is None:
