@@ -147,6 +147,7 @@ def test_one_json_log_line_per_finished_request(
 
     done = by_id[ok.headers["x-request-id"]]
     assert done["event"] == "request"
+    assert done["api"] == "openai"
     assert done["end_reason"] == "length"
     timeline = done["timeline_ms"]
     for point in ("enqueued", "first_token", "last_token", "released"):

@@ -3,6 +3,7 @@ stops, durations from the trace, keep_alive, and leaving early (``client_disconn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -28,9 +29,22 @@ def served(serve: ServeFactory) -> Served:
     return serve(real_runtime())
 
 
+@contextlib.contextmanager
+def connect(url: str, timeout: float | httpx.Timeout = NET) -> Iterator[ollama.Client]:
+    """An ``ollama.Client`` whose connections close at the end of the block.
+
+    The test owns the transport: clients before 0.6 are no context managers.
+    """
+    transport = httpx.HTTPTransport()
+    try:
+        yield ollama.Client(host=url, timeout=timeout, transport=transport)
+    finally:
+        transport.close()
+
+
 @pytest.fixture
 def client(served: Served) -> Iterator[ollama.Client]:
-    with ollama.Client(host=served.url, timeout=NET) as c:
+    with connect(served.url) as c:
         yield c
 
 
@@ -145,8 +159,10 @@ def test_list_show_ps_and_version(client: ollama.Client, served: Served) -> None
 
     running = client.ps().models
     assert [m.model for m in running] == [name(served)]
-    assert running[0].context_length == served.model().context_length
     assert running[0].expires_at is None  # this runtime keeps its model loaded for ever
+    # Read raw: clients before 0.5.4 drop the field.
+    (raw,) = httpx.get(f"{served.url}/api/ps", timeout=NET).json()["models"]
+    assert raw["context_length"] == served.model().context_length
 
     version = httpx.get(f"{served.url}/api/version", timeout=NET).json()
     assert set(version) == {"version", "tokenbelt"}
@@ -278,7 +294,7 @@ def test_a_non_streaming_chat_whose_client_leaves_is_released(served: Served) ->
     hog = served.model().stream(prompt="Once upon a time", max_tokens=4000)
     served.recorder.wait(hog.trace, "admitted")
     with (
-        ollama.Client(host=served.url, timeout=httpx.Timeout(NET, read=1.0)) as impatient,
+        connect(served.url, httpx.Timeout(NET, read=1.0)) as impatient,
         pytest.raises(httpx.ReadTimeout),
     ):
         impatient.chat(name(served), messages=SEA)
