@@ -221,3 +221,31 @@ def test_an_engine_failure_is_an_error_in_each_apis_shape(
         assert "scripted failure" in ollama.json()["error"]
         assert anthropic.json()["error"]["type"] == "api_error"
         assert anthropic.json()["tokenbelt"]["end_reason"] == "runtime_error"
+
+
+def test_streamed_and_whole_replies_hold_the_same_pieces(serve: ServeFactory) -> None:
+    script = words(6)
+    served = serve(scripted_runtime(ScriptedEngine(script, delay=0)))
+    with httpx.Client(base_url=served.url, timeout=NET) as client:
+        whole = client.post("/api/chat", json=ollama_chat(stream=False)).json()
+        assert whole["message"] == {"role": "assistant", "content": "".join(script)}
+        assert (whole["done"], whole["done_reason"], whole["eval_count"]) == (True, "stop", 6)
+        lines = client.post("/api/chat", json=ollama_chat()).text.splitlines()
+        streamed = [json.loads(line) for line in lines]
+        assert [s["message"]["content"] for s in streamed] == [*script, ""]
+        generated = client.post("/api/generate", json={"prompt": "go"}).text.splitlines()
+        assert [json.loads(line)["response"] for line in generated] == [*script, ""]
+
+        message = client.post(MESSAGES, json=anthropic_message(max_tokens=100)).json()
+        assert message["content"] == [{"type": "text", "text": "".join(script)}]
+        assert (message["stop_reason"], message["usage"]["output_tokens"]) == ("end_turn", 6)
+        events = client.post(MESSAGES, json=anthropic_message(max_tokens=100, stream=True)).text
+    data = [
+        json.loads(line[len("data: ") :])
+        for line in events.splitlines()
+        if line.startswith("data: ")
+    ]
+    deltas = [d["delta"]["text"] for d in data if d["type"] == "content_block_delta"]
+    assert deltas == script
+    assert data[-2]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert data[-2]["usage"] == {"output_tokens": 6}
