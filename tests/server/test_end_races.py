@@ -82,7 +82,7 @@ def test_cancel_call_racing_a_dropped_connection(
     assert logged == reasons
     metrics = httpx.get(f"{served.url}/metrics", timeout=NET).text
     for reason, n in reasons.items():
-        line = f'tokenbelt_requests_total{{end_reason="{reason}",model='
+        line = f'tokenbelt_requests_total{{api="openai",end_reason="{reason}",model='
         counted = [ln for ln in metrics.splitlines() if ln.startswith(line)]
         assert counted, reason
         assert float(counted[0].rsplit(" ", 1)[1]) == n, (reason, counted)
