@@ -58,8 +58,7 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
     parts = rest.split("/") if rest else []
     if len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
         raise InvalidArgument(
-            f"expected hf://ORG/REPO/FILE.gguf, got {uri!r} (for example "
-            "hf://bartowski/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct-Q8_0.gguf)"
+            f"expected hf://ORG/REPO/FILE.gguf (the file's path in the repository), got {uri!r}"
         )
     return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
 
