@@ -269,7 +269,8 @@ def load_local(
 def _error_message(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
-        message = f"{error['message']} (HTTP {response.status_code}, {error.get('code')})"
+        code = f", {error['code']}" if error.get("code") else ""
+        message = f"{error['message']} (HTTP {response.status_code}{code})"
     except (ValueError, KeyError, TypeError):
         message = f"HTTP {response.status_code}"
     retry = response.headers.get("retry-after")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ COMMANDS = {
     "/model NAME": "switch to another model; the conversation goes on",
     "/exit": "leave (also exit, quit or Ctrl-D)",
 }
+_ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|O.|.)?")
 EXIT_WORDS = frozenset({"/exit", "/quit", "exit", "quit"})
 
 
@@ -58,9 +60,12 @@ class Command:
 
 
 def clean_typed(raw: bytes) -> str:
-    """What a person typed, as text: backspaces applied, newlines as spaces, no controls."""
+    """What a person typed, as text: backspaces applied, newlines as spaces, no controls
+    or escape sequences."""
     out: list[str] = []
-    for ch in raw.decode("utf-8", "replace"):
+    # Arrow, function and editing keys arrive as escape sequences: they are not text.
+    typed = _ESCAPES.sub("", raw.decode("utf-8", "replace"))
+    for ch in typed:
         if ch in ("\x7f", "\b"):
             if out:
                 out.pop()
