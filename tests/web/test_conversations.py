@@ -457,3 +457,21 @@ def test_every_control_has_a_name_and_the_keyboard_order_is_sensible(laptop: Pag
     page.focus("#prompt")
     page.keyboard.press("Tab")
     expect(page.locator("#send")).to_be_focused()
+
+
+def test_a_reload_in_the_middle_of_a_reply_keeps_the_question_and_says_so(laptop: Page) -> None:
+    page = laptop
+    _settings(page, **{"max-tokens": "4000"})
+    page.fill("#prompt", LONG_PROMPT)
+    page.press("#prompt", "Enter")
+    page.wait_for_function(
+        """() => {
+            const reply = document.querySelector('[data-testid=reply]:last-child');
+            return reply && reply.dataset.state === 'streaming';
+        }"""
+    )
+    page.reload()
+    page.wait_for_function("!document.getElementById('send').disabled")
+    expect(page.get_by_test_id("user-turn")).to_have_count(1)
+    expect(page.get_by_test_id("interrupted")).to_be_visible()
+    expect(page.get_by_test_id("regenerate")).to_be_enabled()

@@ -535,6 +535,10 @@
     node.querySelector(".content").innerHTML = renderMarkdown(turn.content || "");
     if (turn.requestId) node.dataset.requestId = turn.requestId;
     if (turn.error) showReplyError(node, turn.error);
+    else if (!turn.trace) {
+      // Stored while it streamed, and the page went away before the end.
+      node.append(el("p", { className: "length-hint", testid: "interrupted", text: "Interrupted: the page was closed or reloaded while this reply streamed." }));
+    }
     if (turn.trace) {
       node.append(renderTimeline(turn.trace));
       node.dataset.endReason = turn.trace.end_reason || "";
