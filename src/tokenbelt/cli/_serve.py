@@ -94,9 +94,17 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         "(default: $TOKENBELT_API_KEY)",
     )
     p.add_argument(
-        "--cors-origin", action="append", default=[], help="allow this browser origin (repeatable)"
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="allow this browser origin (repeatable; default: none)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="how much the server logs to stderr",
+    )
     p.add_argument(
         "--check-invariants",
         action="store_true",
