@@ -58,7 +58,7 @@ def test_demo_text_prints_one_line_per_token_then_the_summary() -> None:
     for i, line in enumerate(token_lines):
         assert re.fullmatch(rf"\s*\d+\.\d ms  tok{i}\s+belt [0-2]/2", line), line
     assert lines[4] == ""
-    summary = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in lines[5:])
+    summary = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in lines[5:10])
     assert list(summary) == [
         "produced",
         "consumed",
@@ -126,3 +126,59 @@ def test_run_demo_rejects_bad_input(kwargs: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgument) as exc:
         run_demo(echo=False, **kwargs)
     assert isinstance(exc.value, ValueError)
+
+
+def test_demo_text_ends_with_a_short_legend() -> None:
+    done = tokenbelt("--limit", "2", "--produce-ms", "0", "--consume-ms", "0")
+    assert done.returncode == 0, done.stderr
+    legend = done.stdout.split("\n\n")[-1]
+    for term in ("belt", "buffer peak", "end reason", "cancel to release"):
+        assert term in legend
+
+
+def test_a_natural_end_prints_a_dash_for_cancel_to_release() -> None:
+    """All 1000 scripted tokens read: nothing was cancelled, so there is no figure."""
+    done = tokenbelt("--limit", "1000", "--produce-ms", "0", "--consume-ms", "0")
+    assert done.returncode == 0, done.stderr
+    assert "None" not in done.stdout
+    assert re.search(r"^end reason\s+(stop|user_cancel)$", done.stdout, re.MULTILINE)
+    assert re.search(r"^cancel to release\s+(—|\d+(\.\d+)? ms)$", done.stdout, re.MULTILINE)
+    summary = json.loads(
+        tokenbelt("--limit", "1000", "--produce-ms", "0", "--consume-ms", "0", "--json").stdout
+    )
+    assert summary["consumed"] == 1000
+
+
+def test_natural_end_text_shows_a_dash(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenbelt.cli import _demo
+
+    summary = DemoSummary(3, 3, 1, "stop", None)
+    monkeypatch.setattr(_demo, "run_demo", lambda **_kwargs: summary)
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^cancel to release\s+—$", out, re.MULTILINE)
+
+
+def test_limit_above_the_script_is_refused() -> None:
+    done = tokenbelt("--limit", "1001")
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert "\n" not in line
+    assert "the scripted producer has 1000 tokens" in line
+    with pytest.raises(InvalidArgument, match="at most the 1000 scripted tokens"):
+        run_demo(limit=1001, echo=False)
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "x"])
+def test_both_ms_flags_follow_one_rule(value: str) -> None:
+    produce = tokenbelt(f"--produce-ms={value}").stderr.split("error: ")[1]
+    consume = tokenbelt(f"--consume-ms={value}").stderr.split("error: ")[1]
+    assert produce.replace("--produce-ms", "FLAG") == consume.replace("--consume-ms", "FLAG")
+    assert ">= 0" in produce
+
+
+def test_zero_ms_is_accepted_by_both_flags() -> None:
+    done = tokenbelt("--limit", "2", "--produce-ms", "0", "--consume-ms", "0", "--json")
+    assert done.returncode == 0, done.stderr

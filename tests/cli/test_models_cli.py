@@ -53,7 +53,7 @@ def test_list_json_shows_the_default_model(home: Path, capsys: pytest.CaptureFix
     assert row["alias"] == DEFAULT_ALIAS
     assert row["variant"] == DEFAULT_VARIANT
     assert row["source"] == "distribution"
-    assert row["state"] in ("on disk", "verified")
+    assert row["state"] in ("unverified", "verified")
 
 
 def test_list_table(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

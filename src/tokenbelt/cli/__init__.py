@@ -10,9 +10,11 @@ from ._common import Parser
 
 
 def build_parser() -> Parser:
+    from .. import __version__
     from . import _chat, _demo, _models, _probe, _serve
 
     parser = Parser(prog="tokenbelt", description="A local LLM runtime whose Stop really stops.")
+    parser.add_argument("--version", action="version", version=f"tokenbelt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     _demo.add_parser(sub)

@@ -4,6 +4,8 @@ In-process by default (the runtime loads the model here); with ``--url`` it talk
 to a running ``tokenbelt serve``. Either way Ctrl-C during a reply cancels the
 request with ``user_cancel``, waits for the engine to let go of it, prints one
 line of figures and returns to the prompt; Ctrl-C or Ctrl-D at the prompt exits.
+Lines starting with ``/`` are commands (``/help``); see ``_terminal`` for what happens
+to keys pressed while a reply streams.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
@@ -25,10 +28,20 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from .._defaults import DEFAULT_MAX_TOKENS
 from .._errors import TokenbeltError
 from ..belt import EndReason
-from ..runtime import DEFAULT_ALIAS, ChatSession, Runtime, Stream
-from ._common import Parser, fail, non_negative_int, positive_int, thread_count
+from ..runtime import DEFAULT_ALIAS, ChatSession, Model, Runtime, Stream
+from ._common import (
+    Parser,
+    fail,
+    missing_model_file,
+    non_negative_int,
+    positive_int,
+    startup_line,
+    thread_count,
+)
+from ._terminal import Command, QuietKeys, clear_draft, help_text, offer_draft
 
 PROMPT = "you> "
 #: how long a turn may take to be released after it ended, before we stop waiting
@@ -49,6 +62,8 @@ class TurnSummary:
     decode_tok_s: float | None
     cancel_to_release_ms: float | None
     released: bool
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
 
     @classmethod
     def from_trace(cls, trace: dict[str, Any] | None) -> TurnSummary:
@@ -60,6 +75,22 @@ class TurnSummary:
             decode_tok_s=trace.get("decode_tok_s"),
             cancel_to_release_ms=trace.get("cancel_to_release_ms"),
             released=(trace.get("timeline_ms") or {}).get("released") is not None,
+            completion_tokens=trace.get("completion_tokens"),
+            prompt_tokens=trace.get("prompt_tokens"),
+        )
+
+    def length_hint(self, max_tokens: int) -> str | None:
+        """Why a reply that ended ``length`` stopped, and what to do about it."""
+        if self.end_reason != "length":
+            return None
+        if self.completion_tokens is not None and self.completion_tokens < max_tokens:
+            return (
+                "the reply stopped because the context is full; /clear or /undo make room "
+                "(or serve with a larger --n-ctx)"
+            )
+        return (
+            f"the reply stopped at the {max_tokens}-token limit; "
+            "start the chat with --max-tokens N for longer replies"
         )
 
     def line(self) -> str:
@@ -90,7 +121,33 @@ class Turn(Protocol):
 class Backend(Protocol):
     def start(self, text: str) -> Turn: ...
 
+    def clear(self) -> None:
+        """Forget the conversation; the system prompt stays."""
+
+    def undo(self) -> bool:
+        """Take back the last exchange; False when there is none."""
+
+    def set_system(self, text: str | None) -> None:
+        """Replace the system prompt (None removes it)."""
+
+    def switch(self, name: str) -> str:
+        """Use model ``name`` from now on; returns a line describing it. Raises on failure."""
+
     def close(self) -> None: ...
+
+
+def _set_system(messages: list[Any], text: str | None) -> None:
+    messages[:] = [m for m in messages if m["role"] != "system"]
+    if text:
+        messages.insert(0, {"role": "system", "content": text})
+
+
+def _undo(messages: list[Any]) -> bool:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "user":
+            del messages[i:]
+            return True
+    return False
 
 
 # -- in-process ---------------------------------------------------------------------------------
@@ -114,12 +171,44 @@ class LocalTurn:
 class LocalBackend:
     """The runtime in this process; the session keeps the conversation."""
 
-    def __init__(self, runtime: Runtime, session: ChatSession) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        model: Model,
+        session: ChatSession,
+        console: Console,
+        sampling: dict[str, Any],
+    ) -> None:
         self.runtime = runtime
+        self.model = model
         self.session = session
+        self.console = console
+        self.sampling = sampling
 
     def start(self, text: str) -> LocalTurn:
         return LocalTurn(self.session.stream(text))
+
+    def clear(self) -> None:
+        self.session.messages[:] = [m for m in self.session.messages if m["role"] == "system"]
+
+    def undo(self) -> bool:
+        return bool(self.session.undo())
+
+    def set_system(self, text: str | None) -> None:
+        _set_system(self.session.messages, text)
+
+    def switch(self, name: str) -> str:
+        missing = missing_model_file(name)
+        if missing is not None:
+            raise TurnError(f"file not found: {missing}")
+        if Runtime.name_for(name) == self.model.name:
+            return f"already using {self.model.name}"
+        model = _load_with_progress(self.runtime, name, self.console)
+        session = model.chat(**self.sampling)
+        session.messages[:] = self.session.messages
+        old, self.model, self.session = self.model, model, session
+        self.runtime.unload(old.name)
+        return _loaded_line(model, self.runtime)
 
     def close(self) -> None:
         self.runtime.close()
@@ -127,6 +216,30 @@ class LocalBackend:
 
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def _load_with_progress(runtime: Runtime, alias: str, console: Console) -> Model:
+    """Load ``alias`` (or a .gguf path) with a spinner, elapsed time and download progress."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"loading {alias}", total=None, detail="")
+
+        def on_progress(received: int, total: int | None) -> None:
+            detail = _mb(received) + (f" / {_mb(total)}" if total else "")
+            progress.update(task, description=f"downloading {alias}", detail=detail)
+            if total and received >= total:
+                progress.update(task, description=f"loading {alias}", detail="")
+
+        return runtime.load(alias, progress=on_progress)
+
+
+def _loaded_line(model: Model, runtime: Runtime) -> str:
+    return f"loaded in {model.info.get('load_s', '?')} s: {startup_line(model, runtime)}"
 
 
 def load_local(
@@ -138,32 +251,16 @@ def load_local(
     threads_batch: int | None = None,
     **sampling: Any,
 ) -> LocalBackend:
-    """Load ``alias`` (or a .gguf path) with a spinner, elapsed time and download progress."""
+    """Load ``alias`` and start a session on it; prints the startup line."""
     runtime = Runtime(keep_alive=None, n_threads=threads, n_threads_batch=threads_batch)
     try:
-        columns = (
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TextColumn("{task.fields[detail]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task(f"loading {alias}", total=None, detail="")
-
-            def on_progress(received: int, total: int | None) -> None:
-                detail = _mb(received) + (f" / {_mb(total)}" if total else "")
-                progress.update(task, description=f"downloading {alias}", detail=detail)
-                if total and received >= total:
-                    progress.update(task, description=f"loading {alias}", detail="")
-
-            model = runtime.load(alias, progress=on_progress)
+        model = _load_with_progress(runtime, alias, console)
         session = model.chat(system=system, **sampling)
     except BaseException:
         runtime.close()
         raise
-    load_s = model.info.get("load_s", "?")
-    console.print(f"loaded {model.name} in {load_s} s", style="dim", markup=False)
-    return LocalBackend(runtime, session)
+    console.print(_loaded_line(model, runtime), style="dim", markup=False)
+    return LocalBackend(runtime, model, session, console, sampling)
 
 
 # -- over HTTP ----------------------------------------------------------------------------------
@@ -172,7 +269,8 @@ def load_local(
 def _error_message(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
-        message = f"{error['message']} (HTTP {response.status_code}, {error.get('code')})"
+        code = f", {error['code']}" if error.get("code") else ""
+        message = f"{error['message']} (HTTP {response.status_code}{code})"
     except (ValueError, KeyError, TypeError):
         message = f"HTTP {response.status_code}"
     retry = response.headers.get("retry-after")
@@ -283,6 +381,12 @@ class RemoteTurn:
         return summary
 
 
+def server_root(url: str) -> str:
+    """The server's root from what a user may give: the root, or the API's ``/v1``."""
+    root = url.rstrip("/")
+    return root.removesuffix("/v1").rstrip("/")
+
+
 class RemoteBackend:
     """A ``tokenbelt serve`` (or any server speaking its protocol) at ``url``."""
 
@@ -295,7 +399,7 @@ class RemoteBackend:
         api_key: str | None,
         sampling: dict[str, Any],
     ) -> None:
-        self.base_url = url.rstrip("/")
+        self.base_url = server_root(url)
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(
             base_url=self.base_url, headers=self.headers, timeout=httpx.Timeout(10.0, read=None)
@@ -306,17 +410,78 @@ class RemoteBackend:
         if system is not None:
             self.messages.append({"role": "system", "content": system})
 
-    def check(self) -> str:
-        """The server's model list, as a line to print; raises ``TurnError``."""
+    def _usable_models(self) -> list[dict[str, Any]]:
+        """The server's models that can answer now or soon (loaded or loading)."""
         try:
             response = self.client.get("/v1/models")
         except httpx.HTTPError as exc:
-            raise TurnError(f"cannot reach {self.client.base_url}: {exc}") from exc
+            raise TurnError(f"cannot reach {self.base_url}: {exc}") from exc
+        if response.status_code == 404:
+            raise TurnError(
+                f"{self.base_url} does not answer /v1/models (HTTP 404): is it a tokenbelt "
+                "serve or another OpenAI-compatible server? Give its root address"
+            )
         if response.is_error:
             raise TurnError(_error_message(response))
-        models = response.json().get("data", [])
-        names = [m["id"] for m in models if (m.get("tokenbelt") or {}).get("loaded", True)]
-        return ", ".join(names) or "no model loaded yet"
+        try:
+            models = response.json().get("data", [])
+        except (ValueError, AttributeError) as exc:
+            raise TurnError(f"{self.base_url}/v1/models did not answer JSON") from exc
+        usable = []
+        for m in models:
+            tb = m.get("tokenbelt") or {}
+            state = (tb.get("load") or {}).get("state")
+            if tb.get("loaded", True) or state == "loading":
+                usable.append(m)
+        return usable
+
+    def _find(self, name: str, models: list[dict[str, Any]]) -> dict[str, Any]:
+        wanted = {name, Path(name).stem} if name.endswith(".gguf") else {name}
+        for m in models:
+            if m.get("id") in wanted:
+                return m
+        have = ", ".join(m["id"] for m in models) or "none"
+        raise TurnError(f"the server at {self.base_url} has no model {name!r} (it has: {have})")
+
+    def check(self) -> str:
+        """A line about the server's model; raises ``TurnError`` if it has not the one asked."""
+        models = self._usable_models()
+        if self.model is not None:
+            return self._describe(self._find(self.model, models))
+        if not models:
+            return "no model loaded yet"
+        return self._describe(models[0])
+
+    @staticmethod
+    def _describe(entry: dict[str, Any]) -> str:
+        tb = entry.get("tokenbelt") or {}
+        info = tb.get("info") or {}
+        parts = [f"model {entry['id']}"]
+        if info.get("device"):
+            parts.append(f"on {info['device']}")
+        if tb.get("context_length"):
+            parts.append(f"context {tb['context_length']} tokens")
+        if tb.get("slots"):
+            parts.append(f"{tb['slots']} slot{'s' if tb['slots'] != 1 else ''}")
+        if info.get("path"):
+            parts.append(f"file {info['path']}")
+        if not tb.get("loaded", True):
+            parts.append("still loading")
+        return ", ".join(parts)
+
+    def clear(self) -> None:
+        self.messages[:] = [m for m in self.messages if m["role"] == "system"]
+
+    def undo(self) -> bool:
+        return _undo(self.messages)
+
+    def set_system(self, text: str | None) -> None:
+        _set_system(self.messages, text)
+
+    def switch(self, name: str) -> str:
+        entry = self._find(name, self._usable_models())
+        self.model = entry["id"]
+        return self._describe(entry)
 
     def start(self, text: str) -> RemoteTurn:
         user = {"role": "user", "content": text}
@@ -340,48 +505,106 @@ class RemoteBackend:
 # -- the loop -----------------------------------------------------------------------------------
 
 
-def _reply(turn: Turn, console: Console) -> TurnSummary:
-    """Print the reply as it streams; Ctrl-C cancels it. Returns the turn's figures."""
-    try:
-        for piece in turn:
-            console.out(piece, end="", highlight=False)
-    except KeyboardInterrupt:
-        turn.cancel()
-        console.out("")
-        console.print("[stopped]", style="yellow", markup=False)
-    except (TokenbeltError, httpx.HTTPError, ValueError) as exc:
-        turn.cancel()
-        console.out("")
-        console.print(f"error: {exc}", style="red", markup=False)
+def _reply(turn: Turn, console: Console, keys: QuietKeys) -> TurnSummary:
+    """Print the reply as it streams; Ctrl-C cancels it. Returns the turn's figures.
+
+    Keys typed meanwhile are held by ``keys`` (neither echoed nor sent).
+    """
+    with keys.held():
+        try:
+            for piece in turn:
+                console.out(piece, end="", highlight=False)
+        except KeyboardInterrupt:
+            turn.cancel()
+            console.out("")
+            console.print("[stopped]", style="yellow", markup=False)
+        except (TokenbeltError, httpx.HTTPError, ValueError) as exc:
+            turn.cancel()
+            console.out("")
+            console.print(f"error: {exc}", style="red", markup=False)
+        else:
+            console.out("")
+        try:
+            return turn.summary()
+        except KeyboardInterrupt:  # a second Ctrl-C while waiting for the release
+            turn.cancel()
+            return TurnSummary(EndReason.USER_CANCEL.value, None, None, None, False)
+
+
+def _note(console: Console, text: str, style: str = "dim") -> None:
+    console.print(text, style=style, markup=False, highlight=False)
+
+
+def _command(backend: Backend, console: Console, command: Command) -> bool:
+    """Run one slash command; False when the chat should end."""
+    name, arg = command.name, command.arg
+    if name == "/exit":
+        return False
+    if name == "/help":
+        _note(console, help_text(), style="")
+    elif name == "/clear":
+        backend.clear()
+        _note(console, "conversation cleared")
+    elif name == "/undo":
+        _note(console, "took back the last exchange" if backend.undo() else "nothing to undo")
+    elif name == "/system":
+        backend.set_system(arg or None)
+        _note(console, f"system prompt: {arg}" if arg else "system prompt removed")
+    elif name == "/model":
+        if not arg:
+            _note(console, "usage: /model NAME", style="red")
+            return True
+        try:
+            _note(console, backend.switch(arg))
+        except TokenbeltError as exc:
+            _note(console, f"error: {exc}", style="red")
     else:
-        console.out("")
-    try:
-        return turn.summary()
-    except KeyboardInterrupt:  # a second Ctrl-C while waiting for the release
-        turn.cancel()
-        return TurnSummary(EndReason.USER_CANCEL.value, None, None, None, False)
+        _note(
+            console,
+            f"unknown command {name}; /help lists them (start with // to send a message "
+            "that begins with /)",
+            style="red",
+        )
+    return True
 
 
-def chat_loop(backend: Backend, console: Console) -> int:
-    """Read a line, stream the reply, print its figures; until Ctrl-D or Ctrl-C at the prompt."""
+def chat_loop(backend: Backend, console: Console, max_tokens: int) -> int:
+    """Read a line, stream the reply, print its figures; until /exit, Ctrl-D or Ctrl-C."""
+    keys = QuietKeys()
     while True:
         try:
-            text = input(PROMPT)
+            line = input(PROMPT)
         except (EOFError, KeyboardInterrupt):
             console.out("")
             return 0
-        if not text.strip():
+        finally:
+            clear_draft()
+        if not line.strip():
+            continue
+        command = Command.parse(line)
+        if command.name is not None:
+            if not _command(backend, console, command):
+                return 0
             continue
         try:
-            turn = backend.start(text)
+            turn = backend.start(command.arg)
         except TokenbeltError as exc:  # refused (queue full, prompt too long, HTTP error)
-            console.print(f"error: {exc}", style="red", markup=False)
+            _note(console, f"error: {exc}", style="red")
             continue
         except KeyboardInterrupt:
             console.out("")
             continue
-        summary = _reply(turn, console)
+        summary = _reply(turn, console, keys)
         console.print(Text(summary.line(), style="dim"))
+        hint = summary.length_hint(max_tokens)
+        if hint is not None:
+            _note(console, hint, style="yellow")
+        draft = keys.take_draft()
+        if draft:
+            if offer_draft(draft):
+                _note(console, "what you typed during the reply is your draft: Enter sends it")
+            else:
+                _note(console, f"not sent (typed during the reply): {draft}")
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -412,14 +635,26 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help=f"model alias or .gguf path (default {DEFAULT_ALIAS}; with --url: the server's "
         "model id, default the server's first)",
     )
-    p.add_argument("--url", help="talk to a running tokenbelt serve at this URL")
     p.add_argument(
-        "--api-key", default=os.environ.get("TOKENBELT_API_KEY"), help="Bearer key for --url"
+        "--url",
+        help="talk to a running tokenbelt serve at this URL (its root or its /v1 address)",
     )
-    p.add_argument("--system", help="system prompt")
-    p.add_argument("--max-tokens", type=positive_int, help="longest reply, in tokens")
-    p.add_argument("--temperature", type=_temperature, help="sampling temperature, 0..2")
-    p.add_argument("--seed", type=non_negative_int, help="sampling seed")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TOKENBELT_API_KEY"),
+        help="Bearer key for --url (default: $TOKENBELT_API_KEY)",
+    )
+    p.add_argument("--system", help="system prompt (default: none)")
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_TOKENS,
+        help="longest reply, in tokens",
+    )
+    p.add_argument(
+        "--temperature", type=_temperature, help="sampling temperature, 0..2 (default: model's)"
+    )
+    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default: random)")
     p.add_argument(
         "--threads", type=thread_count, help="llama.cpp decode threads (default: adaptive)"
     )
@@ -427,6 +662,7 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         "--threads-batch", type=thread_count, help="llama.cpp prompt threads (default: adaptive)"
     )
     p.set_defaults(func=main)
+    p.epilog = f"commands at the prompt:\n{help_text()}\n\n{p.epilog}"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -440,16 +676,20 @@ def main(args: argparse.Namespace) -> int:
             args.url, model=args.alias, system=args.system, api_key=args.api_key, sampling=sampling
         )
         try:
-            models = remote.check()
+            described = remote.check()
         except TurnError as exc:
             remote.close()
             fail(str(exc))
-        console.print(f"connected to {args.url} ({models})", style="dim", markup=False)
+        _note(console, f"connected to {remote.base_url}: {described}")
         backend = remote
     else:
+        alias = args.alias or DEFAULT_ALIAS
+        missing = missing_model_file(alias)
+        if missing is not None:
+            fail(f"file not found: {missing}")
         sampling = {k: v for k, v in sampling.items() if v is not None}
         backend = load_local(
-            args.alias or DEFAULT_ALIAS,
+            alias,
             console,
             system=args.system,
             threads=args.threads,
@@ -458,8 +698,8 @@ def main(args: argparse.Namespace) -> int:
         )
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
-    console.print("Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt exits.", style="dim")
+    _note(console, "/help lists the commands; Ctrl-C stops a reply; /exit or Ctrl-D leaves.")
     try:
-        return chat_loop(backend, console)
+        return chat_loop(backend, console, args.max_tokens)
     finally:
         backend.close()

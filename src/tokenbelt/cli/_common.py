@@ -3,20 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._errors import InvalidArgument
 from ..belt import check_capacity, check_duration
 
+if TYPE_CHECKING:
+    from ..runtime import Model, Runtime
+
 T = TypeVar("T")
 
 
+#: the environment variables every command reads, shown at the end of every ``--help``
+ENVIRONMENT = """\
+environment:
+  TOKENBELT_HOME     where models, the user catalog and stamps live
+                     (default: the XDG data and cache folders, ~/.local/share/tokenbelt)
+  TOKENBELT_API_KEY  the default for --api-key (serve; chat --url)
+  HF_HOME, HF_ENDPOINT, HF_HUB_OFFLINE
+                     the Hugging Face cache, hub address and offline mode (hf:// models)"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default (unless its help already says it), keeps the epilog's lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default == []
+            or default is argparse.SUPPRESS
+            or action.nargs == 0
+        ):
+            return text
+        shown = f"{default:g}" if isinstance(default, float) else default
+        return f"{text} (default {shown})".strip()
+
+
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` that reports a bad flag in one line and exits with 2."""
+    """An ``ArgumentParser`` that reports a bad flag in one line and exits with 2.
+
+    Every parser's help lists the defaults and the environment variables.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("epilog", ENVIRONMENT)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        if "the following arguments are required: COMMAND" in message or (
+            "the following arguments are required: ACTION" in message
+        ):
+            # A bare ``tokenbelt`` (or ``tokenbelt models``): what can be done, not a riddle.
+            self.print_help(sys.stderr)
+            self.exit(2, f"\n{self.prog}: error: choose a command\n")
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -88,3 +136,43 @@ def add_thread_options(p: argparse.ArgumentParser) -> None:
         default=128,
         help="most prompt tokens per batched step while others decode (default 128)",
     )
+
+
+def missing_model_file(alias: str) -> str | None:
+    """The path ``alias`` names if it looks like a file path that does not exist, else None.
+
+    A name ending in ``.gguf`` or holding a path separator is a file, never a catalog
+    alias: so "file not found", not "unknown model".
+    """
+    path = Path(alias).expanduser()
+    looks_like_path = alias.endswith(".gguf") or "/" in alias or os.sep in alias
+    if looks_like_path and not path.is_file():
+        return str(path)
+    return None
+
+
+def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
+    """One line saying what runs where: device, threads, context, slots, file (and URL).
+
+    Reads ``model.info`` where the engine fills it in, with the runtime's settings as
+    fallbacks, so it prints what is known and nothing made up.
+    """
+    info = model.info
+    device = info.get("device") or ("cpu" if not info.get("n_gpu_layers") else "gpu")
+    threads = info.get("threads") or runtime.n_threads or "auto"
+    threads_batch = info.get("threads_batch") or runtime.n_threads_batch
+    threads_text = f"{threads} threads" + (
+        f" ({threads_batch} for prompts)" if threads_batch and threads_batch != threads else ""
+    )
+    context = info.get("n_ctx_per_seq") or model.context_length or runtime.n_ctx
+    slots = info.get("slots") or model.statistics().slots or runtime.slots
+    parts = [
+        f"{model.name} on {device}",
+        threads_text,
+        f"context {context} tokens per sequence",
+        f"{slots} slot{'s' if slots != 1 else ''}",
+        f"file {info.get('path') or 'unknown'}",
+    ]
+    if url is not None:
+        parts.append(url)
+    return ", ".join(parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,12 +17,14 @@ from ..models import (
     DownloadTimeouts,
     Home,
     ModelCache,
+    ModelEntry,
     Variant,
     add_model,
     detect_device,
     forget_model,
     resolve_and_fetch,
 )
+from ..models._hub import HF_SCHEME, pull_from_hub
 from ._common import Parser, positive_duration
 
 
@@ -64,31 +67,46 @@ def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"models (devices here: {', '.join(info.devices)})")
-    for column in ("alias", "variant", "device", "quant", "size", "source", "state"):
-        table.add_column(column, justify="right" if column == "size" else "left")
-    for r in rows:
-        device = r["device"] if r["runnable"] else f"{r['device']} (not here)"
-        table.add_row(
-            r["alias"],
-            r["variant"],
-            device,
-            r["quantization"] or "-",
-            _size(r["size"]),
-            r["source"],
-            r["state"],
-        )
     console = Console()
-    if not console.is_terminal:  # a pipe or a file: no need to squeeze into 80 columns
-        console = Console(width=200)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=200)  # a pipe or a file: no need to squeeze into 80 columns
+    # The alias is what people type: never cut it. Narrow screens lose the least useful
+    # columns first; the other cells wrap rather than end in an ellipsis.
+    columns = ["alias", "variant", "device", "quant", "size", "source", "state"]
+    if console.width < 100:
+        columns.remove("source")
+    if console.width < 80:
+        columns.remove("quant")
+    table = Table(title=f"models (devices here: {', '.join(info.devices)})")
+    longest = max((len(r["alias"]) for r in rows), default=5)
+    for column in columns:
+        if column == "alias":
+            table.add_column(column, no_wrap=True, min_width=longest)
+        else:
+            table.add_column(
+                column, overflow="fold", justify="right" if column == "size" else "left"
+            )
+    for r in rows:
+        cells = {
+            "alias": r["alias"],
+            "variant": r["variant"],
+            "device": r["device"] if r["runnable"] else f"{r['device']} (not here)",
+            "quant": r["quantization"] or "-",
+            "size": _size(r["size"]),
+            "source": r["source"],
+            "state": r["state"],
+        }
+        table.add_row(*(cells[c] for c in columns))
     console.print(table)
     console.print(f"[dim]{info.reason}[/dim]")
+    if any(r["state"] == "corrupt" for r in rows):
+        console.print("[dim]corrupt: `tokenbelt models verify ALIAS` says how to fix it[/dim]")
     return 0
 
 
 @contextmanager
 def _progress_bar(label: str) -> Iterator[Any]:
-    """A rich progress bar on stderr, shown once the first bytes arrive."""
+    """A rich progress bar on stderr (a terminal), shown once the first bytes arrive."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -99,13 +117,15 @@ def _progress_bar(label: str) -> Iterator[Any]:
         TransferSpeedColumn,
     )
 
+    console = Console(stderr=True)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
+        disable=not console.is_terminal,  # a log file gets the outcome, not a bar's frames
     )
     task: list[Any] = []
 
@@ -124,25 +144,55 @@ def _progress_bar(label: str) -> Iterator[Any]:
 
 def _pull(args: argparse.Namespace) -> int:
     timeouts = DownloadTimeouts(connect=args.connect_timeout, stall=args.stall_timeout)
+    hub = args.alias.startswith(HF_SCHEME)
+    if not hub and (args.revision or args.as_alias or args.replace or args.force):
+        _err(
+            "error: --revision, --alias, --replace and --force are for hf:// pulls; "
+            f"{args.alias} is already in the catalog"
+        )
+        return 2
 
     def waiting() -> None:
         _err(f"waiting for another process that is downloading {args.alias}")
 
     with _progress_bar(args.alias) as progress:
         try:
-            resolved = resolve_and_fetch(
-                args.alias,
-                device=args.device,
-                progress=progress,
-                timeouts=timeouts,
-                on_wait=waiting,
-            )
+            if hub:
+                pulled = pull_from_hub(
+                    args.alias,
+                    revision=args.revision or "main",
+                    alias=args.as_alias,
+                    device=args.device or "cpu",
+                    replace=args.replace,
+                    force=args.force,
+                    progress=progress,
+                    timeouts=timeouts,
+                    on_wait=waiting,
+                )
+            else:
+                resolved = resolve_and_fetch(
+                    args.alias,
+                    device=args.device,
+                    progress=progress,
+                    timeouts=timeouts,
+                    on_wait=waiting,
+                )
         except (KeyboardInterrupt, DownloadCancelled):
             _err(
                 f"pull of {args.alias} cancelled; an http(s) download keeps its partial "
-                f"file: run `tokenbelt models pull {args.alias}` again to resume"
+                f"file: run the same `tokenbelt models pull` again to resume"
             )
             return 130
+    if hub:
+        entry = pulled.entry
+        v = entry.variants[0]
+        print(
+            f"added {entry.alias} ({entry.architecture}, context {entry.context_length}, "
+            f"{v.quantization or 'unknown quantisation'}, {_size(v.size)}, sha256 checked) "
+            f"from {pulled.hub.uri} at commit {pulled.hub.commit[:12]}: {pulled.path}"
+        )
+        print(f"run it with `tokenbelt chat {entry.alias}` or `tokenbelt serve {entry.alias}`")
+        return 0
     how = "sha256 checked" if resolved.hashed else "unchanged since its last check"
     print(f"{resolved.variant} ready on {resolved.device}: {resolved.path} ({how})")
     return 0
@@ -184,21 +234,44 @@ def _verify(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     home = Home.from_env()
     catalog, cache = Catalog.load(home), ModelCache(home)
+    entry = catalog.get(args.alias)
     removed = []
     for v in _variants(catalog, args.alias):
         removed += cache.remove(v)
     for p in removed:
         print(f"removed {p}")
     if args.forget:
-        entry = forget_model(args.alias, home=home)
-        print(f"forgot {entry.alias} (its file stays where it is)")
-    elif not removed:
-        print(f"nothing to remove for {args.alias}: tokenbelt downloaded no file for it")
+        forgotten = forget_model(args.alias, home=home)
+        print(f"forgot {forgotten.alias} (a file you added with `models add` stays where it is)")
+        if forgotten.alias in Catalog.load(home):
+            print(f"{forgotten.alias} is the model that comes with tokenbelt again")
+        return 0
+    if removed:
+        return 0
+    print(f"nothing to remove for {args.alias}: {_why_nothing(entry, cache)}")
     return 0
 
 
+def _why_nothing(entry: ModelEntry, cache: ModelCache) -> str:
+    """Why ``rm`` found no file of tokenbelt's own to delete, and what to do instead."""
+    added = entry.origin == cache.home.catalog_file
+    kinds = {v.source.kind for v in entry.variants}
+    if kinds == {"path"}:
+        files = ", ".join(str(v.source.describe()) for v in entry.variants)
+        return (
+            f"its file is yours ({files}) and tokenbelt never deletes it; "
+            f"`tokenbelt models rm --forget {entry.alias}` drops the alias"
+        )
+    if kinds == {"distribution"}:
+        return "its file comes inside an installed package (pip uninstall removes it)"
+    hint = f"; `tokenbelt models rm --forget {entry.alias}` drops the alias" if added else ""
+    return f"no file of it was downloaded{hint}"
+
+
 def _add(args: argparse.Namespace) -> int:
-    entry = add_model(args.path, args.alias, device=args.device, replace=args.replace)
+    entry = add_model(
+        args.path, args.alias, device=args.device, replace=args.replace, force=args.force
+    )
     v = entry.variants[0]
     print(
         f"added {entry.alias} ({entry.architecture}, context {entry.context_length}, "
@@ -220,9 +293,34 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=_list)
 
-    c = cmds.add_parser("pull", help="download (if needed) and verify a model")
-    c.add_argument("alias", metavar="ALIAS", help="an alias or a full variant id")
-    c.add_argument("--device", choices=DEVICES, help="pick the variant for this device")
+    c = cmds.add_parser(
+        "pull",
+        help="download (if needed) and verify a model, or add one from Hugging Face",
+        description="Download and verify a catalog model, or pull hf://ORG/REPO/FILE.gguf: "
+        "its size and sha256 come from the Hub, the download resumes if interrupted, and "
+        "the file is added to your catalog under an alias (by default from the file name).",
+    )
+    c.add_argument(
+        "alias", metavar="ALIAS", help="an alias, a full variant id, or hf://ORG/REPO/FILE.gguf"
+    )
+    c.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="pick the variant for this device (hf://: the device it is for, default cpu)",
+    )
+    c.add_argument(
+        "--revision", metavar="R", help="hf:// only: branch, tag or commit (default main)"
+    )
+    c.add_argument(
+        "--alias",
+        dest="as_alias",
+        metavar="NAME",
+        help="hf:// only: the alias to add (default: from the file name)",
+    )
+    c.add_argument("--replace", action="store_true", help="hf:// only: replace an existing alias")
+    c.add_argument(
+        "--force", action="store_true", help="with --replace: also replace a shipped alias"
+    )
     c.add_argument(
         "--connect-timeout",
         type=positive_duration,
@@ -257,4 +355,7 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     c.add_argument("--alias", required=True, help="the name to use for it")
     c.add_argument("--device", choices=DEVICES, default="cpu", help="its device (default cpu)")
     c.add_argument("--replace", action="store_true", help="replace an existing alias")
+    c.add_argument(
+        "--force", action="store_true", help="with --replace: also replace a shipped alias"
+    )
     c.set_defaults(func=_add)

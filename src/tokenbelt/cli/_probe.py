@@ -84,7 +84,11 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=DEFAULT_ALIAS,
         help=f"an alias or a variant id (default {DEFAULT_ALIAS})",
     )
-    p.add_argument("--device", choices=DEVICES, help="pick the variant for this device")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="pick the variant for this device (default: the best this machine runs)",
+    )
     p.add_argument(
         "--load-timeout",
         type=positive_duration,

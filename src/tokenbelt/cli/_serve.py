@@ -9,15 +9,18 @@ import os
 import socket
 import sys
 
+from .._defaults import DEFAULT_MAX_TOKENS
 from ..runtime import DEFAULT_ALIAS
 from ._common import (
     Parser,
     add_thread_options,
     duration,
     fail,
+    missing_model_file,
     non_negative_int,
     positive_duration,
     positive_int,
+    startup_line,
 )
 
 logger = logging.getLogger("tokenbelt.server")
@@ -51,7 +54,12 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("alias", nargs="?", default=DEFAULT_ALIAS, help="model alias or .gguf path")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
-    p.add_argument("--capacity", type=positive_int, default=8, help="belt capacity per request")
+    p.add_argument(
+        "--capacity",
+        type=positive_int,
+        default=8,
+        help="belt capacity: tokens generation may run ahead of each reader",
+    )
     p.add_argument(
         "--slots",
         type=positive_int,
@@ -59,15 +67,18 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="requests decoded together, batched in one context (default 4)",
     )
     p.add_argument("--queue-size", type=positive_int, default=16, help="admission queue length")
-    p.add_argument("--first-token-timeout", type=positive_duration, help="seconds")
-    p.add_argument("--total-timeout", type=positive_duration, help="seconds")
-    p.add_argument("--stall-timeout", type=positive_duration, help="seconds")
-    p.add_argument("--load-timeout", type=positive_duration, help="seconds")
+    p.add_argument(
+        "--first-token-timeout", type=positive_duration, help="seconds (default: no limit)"
+    )
+    p.add_argument("--total-timeout", type=positive_duration, help="seconds (default: no limit)")
+    p.add_argument("--stall-timeout", type=positive_duration, help="seconds (default: no limit)")
+    p.add_argument("--load-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument(
         "--keep-alive",
         type=duration,
         default=300.0,
-        help="seconds idle before unloading (0 = never)",
+        help="seconds idle before unloading, counted from the load and from the end of "
+        "the last request (0 = never)",
     )
     p.add_argument(
         "--n-ctx",
@@ -79,12 +90,21 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get("TOKENBELT_API_KEY"),
-        help="require this Bearer key (required when binding a non-loopback address)",
+        help="require this Bearer key; required when binding a non-loopback address "
+        "(default: $TOKENBELT_API_KEY)",
     )
     p.add_argument(
-        "--cors-origin", action="append", default=[], help="allow this browser origin (repeatable)"
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="allow this browser origin (repeatable; default: none)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="how much the server logs to stderr",
+    )
     p.add_argument(
         "--check-invariants",
         action="store_true",
@@ -92,6 +112,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         "and counted in /metrics (also TOKENBELT_CHECK_INVARIANTS=1)",
     )
     p.set_defaults(func=main)
+    p.epilog = (
+        f"A reply is at most {DEFAULT_MAX_TOKENS} tokens unless a request sets max_tokens.\n\n"
+        f"{p.epilog}"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -106,6 +130,9 @@ def main(args: argparse.Namespace) -> int:
             "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
             2,
         )
+    missing = missing_model_file(args.alias)
+    if missing is not None:
+        fail(f"file not found: {missing}")
     if Runtime.name_for(args.alias) == args.alias:
         # Fail fast on an alias the catalog does not know, before binding anything;
         # downloading and loading then happen in the background.
@@ -161,11 +188,14 @@ def main(args: argparse.Namespace) -> int:
     # thousands of tokens ahead; fixed, it pauses after a few hundred.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{sock.getsockname()[1]}"
     logger.info(
-        "serving %s at http://%s:%d (web chat at /, API at /v1, metrics at /metrics)",
+        "loading %s; serving at %s (web chat at /, API at /v1, metrics at /metrics)",
         args.alias,
-        host,
-        sock.getsockname()[1],
+        url,
+    )
+    app.state.tokenbelt.on_ready = lambda model: logger.info(
+        "ready: %s", startup_line(model, runtime, url)
     )
     server.run(sockets=[sock])
     return 0

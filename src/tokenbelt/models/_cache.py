@@ -15,7 +15,7 @@ import contextlib
 import threading
 from pathlib import Path
 
-from .._errors import ModelError, UnknownModel
+from .._errors import IntegrityError, ModelError, UnknownModel
 from . import _hf
 from ._catalog import Variant
 from ._download import (
@@ -72,14 +72,22 @@ class ModelCache:
         except FileNotFoundError:
             return 0
 
+    def corrupt_path(self, variant: Variant) -> Path:
+        """Where the last failed verification of the variant's file is recorded."""
+        return self.home.stamps_dir / f"{variant.id}.corrupt.json"
+
     def state(self, variant: Variant) -> str:
-        """A cheap status for listings: ``verified`` (its stamp matches), ``on disk``
-        (not verified yet), ``partial NN%`` (an interrupted download) or ``absent``."""
+        """A cheap status for listings, from the last verification: ``verified`` (its
+        stamp matches), ``corrupt`` (the last check failed and the file has not changed
+        since), ``unverified`` (on disk, not checked yet), ``partial NN%`` (an
+        interrupted download) or ``absent``."""
         path = self.local_path(variant)
         if path is not None:
             if stamp_matches(path, variant.sha256, self.stamp_path(variant)):
                 return "verified"
-            return "on disk"
+            if stamp_matches(path, variant.sha256, self.corrupt_path(variant)):
+                return "corrupt"
+            return "unverified"
         partial = self.partial_size(variant)
         if partial:
             return f"partial {100 * partial // variant.size}%"
@@ -154,15 +162,23 @@ class ModelCache:
 
         Returns True if it was hashed now, False if its stamp vouched for it.
         """
-        return verify_file(
-            path,
-            size=variant.size,
-            sha256=variant.sha256,
-            stamp_file=self.stamp_path(variant),
-            fix=self.fix_hint(variant),
-            force=force,
-            cancel=cancel,
-        )
+        try:
+            hashed = verify_file(
+                path,
+                size=variant.size,
+                sha256=variant.sha256,
+                stamp_file=self.stamp_path(variant),
+                fix=self.fix_hint(variant),
+                force=force,
+                cancel=cancel,
+            )
+        except IntegrityError:
+            # Remembered (for this exact file: path, size, mtime) so that listings say
+            # "corrupt" rather than "unverified" until the file changes.
+            write_stamp(self.corrupt_path(variant), path, variant.sha256)
+            raise
+        remove_stamp(self.corrupt_path(variant))
+        return hashed
 
     def remove(self, variant: Variant) -> list[Path]:
         """Delete what tokenbelt downloaded for ``variant`` (file, partial, stamp).
@@ -185,4 +201,5 @@ class ModelCache:
         elif isinstance(src, HuggingFaceSource):
             removed = _hf.remove(src)
         remove_stamp(self.stamp_path(variant))
+        remove_stamp(self.corrupt_path(variant))
         return removed

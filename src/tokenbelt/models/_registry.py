@@ -98,18 +98,18 @@ def add_model(
     *,
     device: str = "cpu",
     replace: bool = False,
+    force: bool = False,
     home: Home | None = None,
 ) -> ModelEntry:
     """Register a local GGUF file under ``alias`` in the user catalog; returns the entry.
 
     Reads the header, hashes the file (blocking), and refuses an alias that exists
-    unless ``replace``. The file stays where it is and is never deleted by tokenbelt.
+    unless ``replace`` (and ``force`` as well for an alias that comes with tokenbelt).
+    The file stays where it is and is never deleted by tokenbelt.
     """
     home = home or Home.from_env()
-    if not NAME_PATTERN.match(alias):
-        raise InvalidArgument(f"alias {alias!r} must be letters, digits and ._:- (at most 100)")
-    if device not in DEVICES:
-        raise InvalidArgument(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    check_alias(alias, device)
+    check_free(alias, replace=replace, force=force, home=home)
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise ModelError(f"{file} does not exist or is not a file")
@@ -133,17 +133,54 @@ def add_model(
         architecture=info.architecture,
         origin=home.catalog_file,
     )
+    register(entry, replace=replace, force=force, home=home)
+    write_stamp(home.stamps_dir / f"{variant.id}.json", file, variant.sha256)
+    return entry
+
+
+def check_alias(alias: str, device: str) -> None:
+    """``InvalidArgument`` unless ``alias`` is a valid name and ``device`` a known device."""
+    if not NAME_PATTERN.match(alias):
+        raise InvalidArgument(f"alias {alias!r} must be letters, digits and ._:- (at most 100)")
+    if device not in DEVICES:
+        raise InvalidArgument(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+
+
+def check_free(alias: str, *, replace: bool, force: bool, home: Home) -> None:
+    """``ModelError`` unless ``alias`` may be (re)defined in the user catalog.
+
+    A taken alias needs ``replace``; an alias that comes with tokenbelt needs ``force``
+    too, since the user's entry would hide the shipped model.
+    """
+    catalog = Catalog.load(home)
+    if alias not in catalog:
+        return
+    existing = catalog.get(alias)
+    if not replace:
+        raise ModelError(f"the alias {alias!r} is taken; pick another or pass --replace")
+    if existing.origin != home.catalog_file and not force:
+        raise ModelError(
+            f"{alias!r} comes with tokenbelt: replacing it hides the shipped model until you "
+            f"run `tokenbelt models rm --forget {alias}`; pass --force as well to do it"
+        )
+
+
+def register(entry: ModelEntry, *, replace: bool, force: bool, home: Home) -> None:
+    """Write ``entry`` into the user catalog, under the catalog's lock."""
     with _lock(home):
         data = read_user_catalog_json(home.catalog_file)
+        check_free(entry.alias, replace=replace, force=force, home=home)
         catalog = Catalog.load(home)
-        if (alias in catalog or variant.id in catalog) and not replace:
-            raise ModelError(f"the alias {alias!r} is taken; pick another or pass --replace")
-        models = [m for m in data["models"] if m.get("alias") != alias]
+        for v in entry.variants:
+            if v.id in catalog and catalog.get(v.id).alias != entry.alias:
+                raise ModelError(
+                    f"the variant id {v.id!r} is used by {catalog.get(v.id).alias!r}; "
+                    "pick another alias"
+                )
+        models = [m for m in data["models"] if m.get("alias") != entry.alias]
         models.append(entry.to_json())
         data["models"] = models
         _write_catalog(home.catalog_file, data)
-    write_stamp(home.stamps_dir / f"{variant.id}.json", file, variant.sha256)
-    return entry
 
 
 def forget_model(alias: str, *, home: Home | None = None) -> ModelEntry:

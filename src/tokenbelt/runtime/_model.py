@@ -140,6 +140,9 @@ class Model:
         self.loaded_at = time.monotonic()
         self.info["load_s"] = round(self.loaded_at - started, 3)
         logger.info("loaded %s in %.2f s", self.name, self.loaded_at - started)
+        # The keep-alive counts from the load too: a model loaded and never asked
+        # anything is unloaded after it, like one whose last request ended.
+        self._arm_idle()
 
     @property
     def engines(self) -> list[Engine]:

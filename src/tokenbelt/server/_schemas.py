@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._defaults import DEFAULT_MAX_TOKENS
+
 # Long enough for any real use, short enough that a typo is caught.
 MAX_TIMEOUT_S = 3600.0
 
@@ -44,7 +46,12 @@ class _Sampling(BaseModel):
     model: str | None = Field(None, description="a loaded model's alias; default: the first")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS})",
+    )
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -57,10 +64,13 @@ class _Sampling(BaseModel):
     tokenbelt: TokenbeltOptions | None = None
 
     def sampling(self) -> dict[str, object]:
-        """The sampling keyword arguments the runtime takes (None = its default)."""
+        """The sampling keyword arguments the runtime takes (None = its default).
+
+        ``max_tokens`` is always given: the surfaces' shared default when the body has none.
+        """
         stop = self.stop
         return {
-            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "max_tokens": self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,

@@ -6,6 +6,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,8 @@ class ServerState:
         self.runtime = runtime
         self.settings = settings
         self.loads: dict[str, LoadStatus] = {}
+        #: called with each model a background load made ready (``tokenbelt serve`` prints it)
+        self.on_ready: Callable[[Model], None] | None = None
         self._lock = threading.Lock()
         self._active: dict[str, Stream] = {}
         self._recent: collections.OrderedDict[str, Trace] = collections.OrderedDict()
@@ -106,7 +109,7 @@ class ServerState:
 
         def run() -> None:
             try:
-                self.runtime.load(alias, progress=status.progress, **options)
+                model = self.runtime.load(alias, progress=status.progress, **options)
             except TokenbeltError as exc:
                 status.state, status.error = "failed", str(exc)
                 logger.error("loading %s failed: %s", alias, exc)
@@ -116,6 +119,8 @@ class ServerState:
             else:
                 status.state = "ready"
                 logger.info("model %s is ready", alias)
+                if self.on_ready is not None:
+                    self.on_ready(model)
             finally:
                 status.finished = time.monotonic()
 

@@ -159,21 +159,266 @@
     return response.json();
   }
 
-  // -- models and the loading state --------------------------------------------------------
+  // -- settings: the server's limits, checked in the form ----------------------------------
+  // The same bounds as the server's request schema (tokenbelt/server/_schemas.py); a test
+  // compares them with /openapi.json so the two cannot drift apart.
 
-  const state = { history: [], current: null, lastStop: null, modelsTimer: null };
+  const DEFAULT_MAX_TOKENS = 512;
+  const LIMITS = {
+    max_tokens: { minimum: 1, maximum: 1000000, integer: true },
+    temperature: { minimum: 0, maximum: 2 },
+    top_p: { exclusiveMinimum: 0, maximum: 1 },
+    seed: { minimum: 0, maximum: 4294967295, integer: true },
+    stop: { maxItems: 16 },
+  };
+  const FIELDS = [
+    ["max_tokens", "max-tokens"],
+    ["temperature", "temperature"],
+    ["top_p", "top-p"],
+    ["seed", "seed"],
+  ];
+  const SETTINGS_KEY = "tokenbelt.settings.v1";
+  const STORE_KEY = "tokenbelt.conversations.v1";
+  const MINE_KEY = "tokenbelt.requests.v1";
+
+  function describeRange(limit) {
+    const low = limit.exclusiveMinimum !== undefined ? `more than ${limit.exclusiveMinimum}` : `${limit.minimum}`;
+    const kind = limit.integer ? "a whole number" : "a number";
+    return limit.exclusiveMinimum !== undefined
+      ? `${kind} ${low} and at most ${limit.maximum}`
+      : `${kind} from ${low} to ${limit.maximum}`;
+  }
+
+  function checkNumber(raw, limit) {
+    if (raw === "") return { value: undefined };
+    const value = Number(raw);
+    const bad = !Number.isFinite(value)
+      || (limit.integer && !Number.isInteger(value))
+      || (limit.minimum !== undefined && value < limit.minimum)
+      || (limit.exclusiveMinimum !== undefined && value <= limit.exclusiveMinimum)
+      || value > limit.maximum;
+    return bad ? { error: `Must be ${describeRange(limit)}.` } : { value };
+  }
+
+  function stopStrings() {
+    return $("stop-strings").value.split("\n").filter((line) => line !== "");
+  }
+
+  /** The sampling settings as request fields, and an error message per invalid field. */
+  function readSettings() {
+    const values = {};
+    const errors = {};
+    for (const [key, id] of FIELDS) {
+      const input = $(id);
+      // A number input holding text reports "" with badInput set: that is an error too.
+      const raw = input.validity && input.validity.badInput ? "NaN" : input.value.trim();
+      const checked = checkNumber(raw, LIMITS[key]);
+      if (checked.error) errors[id] = checked.error;
+      else if (checked.value !== undefined) values[key] = checked.value;
+    }
+    const stops = stopStrings();
+    if (stops.length > LIMITS.stop.maxItems) errors["stop-strings"] = `At most ${LIMITS.stop.maxItems} stop strings.`;
+    else if (stops.length) values.stop = stops;
+    const system = $("system").value.trim();
+    return { values, errors, system };
+  }
+
+  function showSettingsErrors(errors) {
+    for (const id of ["max-tokens", "temperature", "top-p", "seed", "stop-strings"]) {
+      const input = $(id);
+      const message = $(`${id}-error`);
+      if (errors[id]) {
+        input.setAttribute("aria-invalid", "true");
+        message.textContent = errors[id];
+        message.hidden = false;
+      } else {
+        input.removeAttribute("aria-invalid");
+        message.hidden = true;
+      }
+    }
+  }
+
+  function saveSettings() {
+    const saved = {};
+    for (const id of ["system", "max-tokens", "temperature", "top-p", "seed", "stop-strings"]) saved[id] = $(id).value;
+    try {
+      localStorage.setItem(SETTINGS_KEY, JSON.stringify(saved));
+    } catch (_) {
+      // storage full or disabled: settings then last as long as the page
+    }
+  }
+
+  function restoreSettings() {
+    let saved = null;
+    try {
+      saved = JSON.parse(localStorage.getItem(SETTINGS_KEY) || "null");
+    } catch (_) {
+      saved = null;
+    }
+    if (!saved || typeof saved !== "object") return;
+    for (const [id, value] of Object.entries(saved)) {
+      const input = $(id);
+      if (input && typeof value === "string") input.value = value;
+    }
+  }
+
+  // -- conversations, kept in this browser -------------------------------------------------
+
+  const state = {
+    store: { current: null, conversations: [] },
+    current: null, // the reply in flight
+    lastStop: null,
+    modelsTimer: null,
+    contextLength: {},
+    mine: [],
+  };
+
+  const newId = () => `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
+
+  function loadStore() {
+    try {
+      const data = JSON.parse(localStorage.getItem(STORE_KEY) || "null");
+      if (data && Array.isArray(data.conversations)) state.store = data;
+    } catch (_) {
+      // a damaged entry is replaced by a fresh one
+    }
+    try {
+      const mine = JSON.parse(localStorage.getItem(MINE_KEY) || "[]");
+      if (Array.isArray(mine)) state.mine = mine.filter((id) => typeof id === "string");
+    } catch (_) {
+      state.mine = [];
+    }
+    if (!conversation()) newConversation();
+  }
+
+  function saveStore() {
+    try {
+      localStorage.setItem(STORE_KEY, JSON.stringify(state.store));
+      localStorage.setItem(MINE_KEY, JSON.stringify(state.mine.slice(-200)));
+    } catch (err) {
+      showError(`Could not save the conversation in this browser: ${err.message}`);
+    }
+  }
+
+  function conversation() {
+    return state.store.conversations.find((c) => c.id === state.store.current) || null;
+  }
+
+  function newConversation() {
+    const conv = { id: newId(), title: "", updated: Date.now(), turns: [] };
+    state.store.conversations.unshift(conv);
+    state.store.current = conv.id;
+    saveStore();
+    return conv;
+  }
+
+  function titleOf(conv) {
+    if (conv.title) return conv.title;
+    const first = conv.turns.find((t) => t.role === "user");
+    return first ? first.content.slice(0, 48) : "New chat";
+  }
+
+  function renderConversationList() {
+    const list = $("conversation-list");
+    list.replaceChildren(...state.store.conversations.map((conv) => {
+      const current = conv.id === state.store.current;
+      const open = el("button", { type: "button", className: "open", testid: "conversation-open", text: titleOf(conv) });
+      if (current) open.setAttribute("aria-current", "true");
+      open.addEventListener("click", () => switchConversation(conv.id));
+      const rename = el("button", { type: "button", className: "small", testid: "conversation-rename", "aria-label": `Rename ${titleOf(conv)}`, text: "✎" });
+      rename.addEventListener("click", () => renameConversation(conv.id));
+      const remove = el("button", { type: "button", className: "small", testid: "conversation-delete", "aria-label": `Delete ${titleOf(conv)}`, text: "×" });
+      remove.addEventListener("click", () => deleteConversation(conv.id));
+      const item = el("li", { className: current ? "current" : "", testid: "conversation" }, [open, rename, remove]);
+      item.dataset.conversationId = conv.id;
+      return item;
+    }));
+  }
+
+  function switchConversation(id) {
+    if (state.current) return;
+    state.store.current = id;
+    saveStore();
+    renderAll();
+    $("prompt").focus();
+  }
+
+  function renameConversation(id) {
+    const conv = state.store.conversations.find((c) => c.id === id);
+    if (!conv) return;
+    const title = window.prompt("Name this conversation", titleOf(conv));
+    if (title === null) return;
+    conv.title = title.trim();
+    saveStore();
+    renderConversationList();
+  }
+
+  function deleteConversation(id) {
+    if (state.current && state.store.current === id) return;
+    const conv = state.store.conversations.find((c) => c.id === id);
+    if (!conv || !window.confirm(`Delete "${titleOf(conv)}"?`)) return;
+    state.store.conversations = state.store.conversations.filter((c) => c.id !== id);
+    if (state.store.current === id) {
+      state.store.current = state.store.conversations.length ? state.store.conversations[0].id : null;
+    }
+    if (!conversation()) newConversation();
+    saveStore();
+    renderAll();
+  }
+
+  /** The messages the server sees: only exchanges whose reply ended on its own. */
+  function history(turns) {
+    const out = [];
+    for (let i = 0; i + 1 < turns.length; i += 1) {
+      const user = turns[i];
+      const reply = turns[i + 1];
+      if (user.role !== "user" || reply.role !== "assistant") continue;
+      if ((reply.endReason === "stop" || reply.endReason === "length") && !reply.error) {
+        out.push({ role: "user", content: user.content }, { role: "assistant", content: reply.content });
+      }
+      i += 1;
+    }
+    return out;
+  }
+
+  // -- models and the loading state --------------------------------------------------------
 
   function usable(entry) {
     const tb = entry.tokenbelt || {};
     if (tb.loaded) return true;
     // A path or alias that loaded under another name is listed again with a finished
     // load; the loaded name is the one to pick.
-    return Boolean(tb.load && tb.load.state !== "ready");
+    return Boolean(tb.load && tb.load.state !== "ready" && tb.load.state !== "available");
   }
 
   function scheduleModels(ms) {
     clearTimeout(state.modelsTimer);
     state.modelsTimer = setTimeout(refreshModels, ms);
+  }
+
+  function showLoading(loading) {
+    const parts = [];
+    let received = 0;
+    let total = 0;
+    for (const e of loading) {
+      const load = e.tokenbelt.load;
+      const dl = load.download;
+      let bytes = "";
+      if (dl && dl.total_bytes) {
+        bytes = ` (downloaded ${(dl.received_bytes / 1e6).toFixed(1)} of ${(dl.total_bytes / 1e6).toFixed(1)} MB)`;
+        received += dl.received_bytes;
+        total += dl.total_bytes;
+      }
+      parts.push(`${e.id}: ${load.elapsed_s.toFixed(1)} s${bytes}`);
+    }
+    $("load-text").textContent = `Loading model ${parts.join(", ")}`;
+    const bar = $("load-progress");
+    if (total > 0) {
+      bar.max = total;
+      bar.value = received;
+    } else {
+      bar.removeAttribute("value"); // indeterminate: loading, nothing to count
+    }
   }
 
   async function refreshModels() {
@@ -186,6 +431,10 @@
       return;
     }
     const entries = data.filter(usable);
+    for (const entry of data) {
+      const tb = entry.tokenbelt || {};
+      if (tb.context_length) state.contextLength[entry.id] = tb.context_length;
+    }
     const picker = $("model");
     const previous = picker.value;
     picker.replaceChildren(
@@ -205,27 +454,20 @@
     const loading = entries.filter((e) => !e.tokenbelt.loaded && e.tokenbelt.load.state === "loading");
     const failed = entries.filter((e) => !e.tokenbelt.loaded && e.tokenbelt.load.state === "failed");
     banner.classList.remove("error");
+    $("load-progress").hidden = true;
     if (loading.length) {
-      const parts = loading.map((e) => {
-        const load = e.tokenbelt.load;
-        const dl = load.download;
-        const bytes = dl && dl.total_bytes
-          ? ` (downloaded ${(dl.received_bytes / 1e6).toFixed(1)} of ${(dl.total_bytes / 1e6).toFixed(1)} MB)`
-          : "";
-        return `${e.id}: ${load.elapsed_s.toFixed(1)} s${bytes}`;
-      });
-      banner.replaceChildren(el("span", { className: "spinner", "aria-hidden": "true" }),
-        `Loading model ${parts.join(", ")}`);
+      showLoading(loading);
+      $("load-progress").hidden = false;
       banner.dataset.state = "loading";
       banner.hidden = false;
       scheduleModels(500);
     } else if (failed.length) {
-      banner.textContent = failed.map((e) => `${e.id} failed to load: ${e.tokenbelt.load.error}`).join("; ");
+      $("load-text").textContent = failed.map((e) => `${e.id} failed to load: ${e.tokenbelt.load.error}`).join("; ");
       banner.classList.add("error");
       banner.dataset.state = "failed";
       banner.hidden = false;
     } else if (!loaded.length) {
-      banner.textContent = "No model is loaded on this server.";
+      $("load-text").textContent = "No model is loaded on this server.";
       banner.dataset.state = "none";
       banner.hidden = false;
       scheduleModels(2000);
@@ -234,6 +476,7 @@
       banner.dataset.state = "ready";
     }
     updateButtons();
+    updateContext();
   }
 
   function updateButtons() {
@@ -242,45 +485,186 @@
     const ready = Boolean(picker.value) && !(picker.selectedOptions[0] || {}).disabled;
     $("send").disabled = busy || !ready;
     $("stop").disabled = !busy || state.current.stopRequested;
+    for (const button of document.querySelectorAll(".turn-actions button.needs-idle")) button.disabled = busy;
     document.body.dataset.busy = busy ? "true" : "false";
   }
 
-  // -- the conversation --------------------------------------------------------------------
+  // -- the context indicator ---------------------------------------------------------------
+
+  function updateContext() {
+    const conv = conversation();
+    const last = conv ? [...conv.turns].reverse().find((t) => t.role === "assistant" && t.trace) : null;
+    const text = $("context-text");
+    const meter = $("context-meter");
+    const box = $("context");
+    if (!last) {
+      text.textContent = "–";
+      meter.value = 0;
+      box.dataset.used = "0";
+      return;
+    }
+    const prompt = last.trace.prompt_tokens || 0;
+    const reply = last.trace.completion_tokens || 0;
+    const size = state.contextLength[last.model] || state.contextLength[$("model").value] || 0;
+    meter.max = size || prompt + reply || 1;
+    meter.value = prompt + reply;
+    text.textContent = size ? `${prompt} + ${reply} of ${size} tokens` : `${prompt} + ${reply} tokens`;
+    box.dataset.used = String(prompt + reply);
+    box.dataset.size = String(size);
+  }
+
+  // -- the conversation on screen ----------------------------------------------------------
 
   function scrollToEnd() {
     const log = $("log");
-    log.lastElementChild?.scrollIntoView({ block: "end" });
+    log.scrollTop = log.scrollHeight;
   }
 
-  function addUserTurn(text) {
-    $("hint")?.remove();
-    $("log").append(el("li", { className: "turn user", testid: "user-turn" }, [
-      el("div", { className: "content", text }),
-    ]));
+  function userNode(turn) {
+    const node = el("li", { className: "turn user", testid: "user-turn" }, [
+      el("div", { className: "content", text: turn.content }),
+    ]);
+    return node;
   }
 
-  function addReply(model) {
-    const live = el("div", { className: "live", testid: "live" }, [
+  function assistantNode(turn) {
+    const node = el("li", { className: "turn assistant", testid: "reply" }, [
+      el("div", { className: "meta", text: turn.model || "" }),
+      el("div", { className: "content md", testid: "reply-text" }),
+    ]);
+    node.querySelector(".content").innerHTML = renderMarkdown(turn.content || "");
+    if (turn.requestId) node.dataset.requestId = turn.requestId;
+    if (turn.error) showReplyError(node, turn.error);
+    else if (!turn.trace) {
+      // Stored while it streamed, and the page went away before the end.
+      node.append(el("p", { className: "length-hint", testid: "interrupted", text: "Interrupted: the page was closed or reloaded while this reply streamed." }));
+    }
+    if (turn.trace) {
+      node.append(renderTimeline(turn.trace));
+      node.dataset.endReason = turn.trace.end_reason || "";
+      const hint = lengthHint(turn);
+      if (hint) node.append(hint);
+    }
+    node.dataset.state = turn.error ? "error" : "done";
+    return node;
+  }
+
+  function renderLog() {
+    const conv = conversation();
+    const log = $("log");
+    const nodes = conv.turns.map((turn) => (turn.role === "user" ? userNode(turn) : assistantNode(turn)));
+    if (!nodes.length) nodes.push($("hint-template").content.firstElementChild.cloneNode(true));
+    log.replaceChildren(...nodes);
+    renderActions();
+    scrollToEnd();
+  }
+
+  function renderAll() {
+    renderConversationList();
+    renderLog();
+    updateContext();
+    updateButtons();
+    refreshRecent();
+  }
+
+  function action(label, testid, onClick, needsIdle) {
+    const button = el("button", { type: "button", className: `small${needsIdle ? " needs-idle" : ""}`, testid, text: label });
+    button.addEventListener("click", onClick);
+    return button;
+  }
+
+  /** Copy on every reply; Edit on the last question and Regenerate on the last reply. */
+  function renderActions() {
+    const conv = conversation();
+    const nodes = [...$("log").querySelectorAll(".turn")];
+    for (const bar of $("log").querySelectorAll(".turn-actions")) bar.remove();
+    nodes.forEach((node, i) => {
+      const turn = conv.turns[i];
+      if (!turn) return;
+      const last = i === conv.turns.length - 1;
+      const buttons = [];
+      if (turn.role === "assistant") {
+        buttons.push(action("Copy", "copy", (event) => copyReply(turn, event.currentTarget), false));
+        if (last) buttons.push(action("Regenerate", "regenerate", regenerate, true));
+      } else if (i >= conv.turns.length - 2) {
+        buttons.push(action("Edit", "edit", () => editLast(node, turn), true));
+      }
+      if (buttons.length) node.append(el("div", { className: "turn-actions" }, buttons));
+    });
+    updateButtons();
+  }
+
+  async function copyReply(turn, button) {
+    try {
+      await navigator.clipboard.writeText(turn.content);
+      button.textContent = "Copied";
+      button.dataset.copied = "true";
+    } catch (err) {
+      button.textContent = "Copy failed";
+      showError(`Could not copy: ${err.message}`);
+    }
+  }
+
+  function regenerate() {
+    if (state.current) return;
+    const conv = conversation();
+    const last = conv.turns[conv.turns.length - 1];
+    const question = conv.turns[conv.turns.length - 2];
+    if (!last || last.role !== "assistant" || !question || question.role !== "user") return;
+    conv.turns.splice(conv.turns.length - 2, 2);
+    renderLog();
+    send(question.content);
+  }
+
+  function editLast(node, turn) {
+    if (state.current) return;
+    const box = el("textarea", { className: "edit-box", testid: "edit-box", rows: "3", "aria-label": "Edit your message" });
+    box.value = turn.content;
+    const save = action("Send", "edit-send", () => {
+      const text = box.value;
+      if (!text.trim()) return;
+      const conv = conversation();
+      const at = conv.turns.indexOf(turn);
+      if (at >= 0) conv.turns.splice(at);
+      renderLog();
+      send(text);
+    }, true);
+    const cancel = action("Cancel", "edit-cancel", () => renderLog(), false);
+    node.replaceChildren(box, el("div", { className: "turn-actions" }, [save, cancel]));
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        save.click();
+      } else if (event.key === "Escape") {
+        event.preventDefault();
+        event.stopPropagation();
+        renderLog();
+      }
+    });
+    box.focus();
+  }
+
+  function addLive(node) {
+    node.append(el("div", { className: "live", testid: "live" }, [
       "first token ", el("span", { testid: "live-ttft", text: "…" }),
       " · ", el("span", { testid: "live-rate", text: "–" }), " tok/s",
       " · belt ", el("span", { testid: "live-buffer", text: "–" }),
       " · ", el("span", { testid: "live-tokens", text: "0" }), " tokens",
-    ]);
-    const node = el("li", { className: "turn assistant", testid: "reply" }, [
-      el("div", { className: "meta", text: model || "" }),
-      el("div", { className: "content md", testid: "reply-text" }),
-      live,
-    ]);
-    node.dataset.state = "waiting";
-    $("log").append(node);
-    scrollToEnd();
-    return node;
+    ]));
   }
 
-  function showReplyError(current, message) {
-    current.node.append(el("div", { className: "reply-error", role: "alert", testid: "reply-error", text: message }));
-    current.node.dataset.state = "error";
-    current.failed = true;
+  function showReplyError(node, message) {
+    node.append(el("div", { className: "reply-error", role: "alert", testid: "reply-error", text: message }));
+    node.dataset.state = "error";
+  }
+
+  function lengthHint(turn) {
+    if (!turn.trace || turn.trace.end_reason !== "length") return null;
+    const limit = turn.maxTokens || DEFAULT_MAX_TOKENS;
+    const text = (turn.trace.completion_tokens || 0) < limit
+      ? "The reply stopped because the model's context is full: start a new chat or edit an earlier message."
+      : `The reply stopped at the ${limit}-token limit: raise Max tokens in Settings for longer replies.`;
+    return el("p", { className: "length-hint", testid: "length-hint", text });
   }
 
   function render(current) {
@@ -328,7 +712,7 @@
       current.live = tb;
       updateLive(current);
     }
-    if (chunk.error) showReplyError(current, chunk.error.message);
+    if (chunk.error) current.error = chunk.error.message;
   }
 
   async function readEvents(response, current) {
@@ -353,31 +737,55 @@
     }
   }
 
-  async function send() {
-    if (state.current) return;
+  function composerSend() {
     const prompt = $("prompt");
     const text = prompt.value;
-    if (!text.trim()) return;
+    if (!text.trim() || state.current) return;
+    if (send(text)) prompt.value = "";
+  }
+
+  /** Send ``text`` as the next question; false when the settings are invalid. */
+  function send(text) {
+    if (state.current) return false;
+    const settings = readSettings();
+    showSettingsErrors(settings.errors);
+    const invalid = Object.keys(settings.errors);
+    if (invalid.length) {
+      $("settings").open = true;
+      $(invalid[0]).focus();
+      return false;
+    }
     hideError();
+    const conv = conversation();
     const model = $("model").value;
     const messages = [];
-    const system = $("system").value.trim();
-    if (system) messages.push({ role: "system", content: system });
-    const user = { role: "user", content: text };
-    messages.push(...state.history, user);
-    const body = { messages, stream: true, stream_options: { include_usage: true } };
+    if (settings.system) messages.push({ role: "system", content: settings.system });
+    messages.push(...history(conv.turns), { role: "user", content: text });
+    const body = { messages, stream: true, stream_options: { include_usage: true }, ...settings.values };
+    if (body.max_tokens === undefined) body.max_tokens = DEFAULT_MAX_TOKENS;
     if (model) body.model = model;
-    const maxTokens = $("max-tokens").value.trim();
-    if (maxTokens !== "") body.max_tokens = Number(maxTokens);
-    const temperature = $("temperature").value.trim();
-    if (temperature !== "") body.temperature = Number(temperature);
 
-    prompt.value = "";
-    addUserTurn(text);
+    const question = { role: "user", content: text };
+    const turn = { role: "assistant", content: "", model, maxTokens: body.max_tokens };
+    conv.turns.push(question, turn);
+    conv.updated = Date.now();
+    $("hint")?.remove();
+    $("log").querySelectorAll(".turn-actions").forEach((bar) => bar.remove());
+    $("log").append(userNode(question));
+    const node = el("li", { className: "turn assistant", testid: "reply" }, [
+      el("div", { className: "meta", text: model || "" }),
+      el("div", { className: "content md", testid: "reply-text" }),
+    ]);
+    addLive(node);
+    node.dataset.state = "waiting";
+    $("log").append(node);
+    scrollToEnd();
+    saveStore();
+    renderConversationList();
     const current = {
       id: null,
-      user,
-      node: addReply(model),
+      turn,
+      node,
       controller: new AbortController(),
       stopRequested: false,
       stopInfo: null,
@@ -386,11 +794,16 @@
       text: "",
       live: null,
       trace: null,
-      failed: false,
+      error: null,
       renderQueued: false,
     };
     state.current = current;
     updateButtons();
+    stream(current, body);
+    return true;
+  }
+
+  async function stream(current, body) {
     try {
       const response = await fetch("v1/chat/completions", {
         method: "POST",
@@ -399,9 +812,12 @@
         signal: current.controller.signal,
       });
       current.id = response.headers.get("x-request-id");
-      if (current.id) current.node.dataset.requestId = current.id;
+      if (current.id) {
+        current.node.dataset.requestId = current.id;
+        state.mine.push(current.id);
+      }
       if (!response.ok) {
-        showReplyError(current, await errorText(response));
+        current.error = await errorText(response);
         return;
       }
       // Stop was pressed before the server answered: now there is an id to cancel.
@@ -409,7 +825,7 @@
       await readEvents(response, current);
     } catch (err) {
       if (!(err.name === "AbortError" && current.stopRequested)) {
-        showReplyError(current, `The request failed: ${err.message}`);
+        current.error = `The request failed: ${err.message}`;
       }
     } finally {
       await finish(current);
@@ -501,77 +917,108 @@
     if (trace.cancel_to_release_ms !== null) {
       facts.push(" · stop→release ", el("b", { testid: "cancel-to-release", text: fmtMs(trace.cancel_to_release_ms) }));
     }
-    const strip = el("div", { className: "timeline", testid: "timeline" }, [
-      el("div", { className: "facts" }, facts),
+    return el("div", { className: "timeline", testid: "timeline" }, [
+      el("div", { className: "facts", testid: "figures" }, facts),
       bar,
       marks,
     ]);
-    return strip;
   }
 
   async function finish(current) {
     render(current);
     const node = current.node;
+    const turn = current.turn;
     let trace = current.trace;
-    if (current.id && (!trace || trace.timeline_ms.released === null)) {
+    if (current.id && !current.error && (!trace || trace.timeline_ms.released === null)) {
       trace = await finalTrace(current.id, trace);
     }
-    if (trace) {
-      node.append(renderTimeline(trace));
-      node.dataset.endReason = trace.end_reason || "";
-      if ((trace.end_reason === "stop" || trace.end_reason === "length") && !current.failed) {
-        state.history.push(current.user, { role: "assistant", content: current.text });
+    // One set of figures per reply: the live line gives way to the server's own.
+    node.querySelector(".live")?.remove();
+    turn.content = current.text;
+    turn.requestId = current.id;
+    if (current.error) {
+      turn.error = current.error;
+      showReplyError(node, current.error);
+    }
+    if (trace && trace.end_reason) {
+      turn.trace = trace;
+      turn.endReason = trace.end_reason;
+      if (!current.error || current.text) {
+        node.append(renderTimeline(trace));
+        const hint = lengthHint(turn);
+        if (hint) node.append(hint);
       }
+      node.dataset.endReason = trace.end_reason;
     }
     node.classList.remove("stopping");
-    node.querySelector(".live").classList.add("done");
-    if (!current.failed) node.dataset.state = "done";
+    if (!current.error) node.dataset.state = "done";
+    conversation().updated = Date.now();
+    saveStore();
     state.current = null;
-    updateButtons();
+    renderActions();
+    updateContext();
     scrollToEnd();
     refreshRecent();
     $("prompt").focus();
   }
 
-  // -- recent requests ---------------------------------------------------------------------
+  // -- requests: this page's by default, every client's on a toggle -------------------------
 
   async function refreshRecent() {
-    const body = $("recent");
+    const list = $("recent");
+    const all = $("all-requests").checked;
     let data;
     try {
-      data = (await getJson("v1/requests?limit=20")).data || [];
+      data = (await getJson(`v1/requests?limit=${all ? 50 : 200}`)).data || [];
     } catch (err) {
-      body.replaceChildren(el("tr", {}, [el("td", { colspan: "5", text: err.message })]));
+      list.replaceChildren(el("li", { className: "empty", text: err.message }));
       return;
     }
-    body.replaceChildren(...data.map((trace) => {
-      const reason = trace.end_reason || "running";
-      const row = el("tr", {}, [
-        el("td", { className: "id", title: trace.request_id, text: trace.request_id }),
-        el("td", {}, [el("span", { className: `reason reason-${reason}`, text: reason })]),
-        el("td", { text: fmtMs(trace.time_to_first_token_ms) }),
-        el("td", { text: String(trace.completion_tokens) }),
-        el("td", { text: fmtMs(trace.cancel_to_release_ms) }),
-      ]);
-      row.dataset.requestId = trace.request_id;
-      row.dataset.endReason = reason;
-      return row;
-    }));
-    body.dataset.refreshedAt = String(now());
+    if (!all) {
+      const mine = new Set(state.mine);
+      data = data.filter((trace) => mine.has(trace.request_id)).slice(0, 50);
+    }
+    if (!data.length) {
+      list.replaceChildren(el("li", { className: "empty", testid: "recent-empty", text: all ? "No requests yet." : "No requests from this page yet." }));
+    } else {
+      list.replaceChildren(...data.map((trace) => {
+        const reason = trace.end_reason || "running";
+        const item = el("li", { className: "request" }, [
+          el("span", { className: `reason reason-${reason}`, text: reason }),
+          el("span", { className: "id", title: trace.request_id, text: trace.request_id }),
+          el("span", { className: "figures", text: `first token ${fmtMs(trace.time_to_first_token_ms)} · ${trace.completion_tokens} tokens · stop→release ${fmtMs(trace.cancel_to_release_ms)}` }),
+        ]);
+        item.dataset.requestId = trace.request_id;
+        item.dataset.endReason = reason;
+        return item;
+      }));
+    }
+    list.dataset.refreshedAt = String(now());
   }
 
   // -- wiring ------------------------------------------------------------------------------
 
   function start() {
+    restoreSettings();
+    loadStore();
+    if (window.matchMedia("(max-width: 720px)").matches) {
+      // A phone: the chat first, the side panels folded away.
+      $("conversations-panel").open = false;
+      $("recent-panel").open = false;
+    }
     $("settings-form").addEventListener("submit", (event) => event.preventDefault());
+    $("settings-form").addEventListener("input", () => {
+      saveSettings();
+      showSettingsErrors(readSettings().errors);
+    });
     $("composer").addEventListener("submit", (event) => {
       event.preventDefault();
-      send();
+      composerSend();
     });
     $("prompt").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
         event.preventDefault();
-        send();
+        composerSend();
       }
     });
     document.addEventListener("keydown", (event) => {
@@ -581,32 +1028,46 @@
       }
     });
     $("stop").addEventListener("click", (event) => stop(event));
-    $("model").addEventListener("change", updateButtons);
+    $("model").addEventListener("change", () => {
+      updateButtons();
+      updateContext();
+    });
     $("refresh").addEventListener("click", (event) => {
       event.preventDefault();
       refreshRecent();
     });
-    $("clear").addEventListener("click", () => {
+    $("all-requests").addEventListener("change", refreshRecent);
+    $("new-chat").addEventListener("click", () => {
       if (state.current) return;
-      state.history = [];
-      $("log").replaceChildren();
+      const conv = conversation();
+      if (!conv || conv.turns.length) newConversation();
+      renderAll();
+      $("prompt").focus();
     });
     $("api-key").addEventListener("change", () => {
       refreshModels();
       refreshRecent();
     });
+    window.addEventListener("storage", (event) => {
+      // Another tab changed the conversations: show them, unless a reply is streaming here.
+      if (event.key === STORE_KEY && !state.current) {
+        loadStore();
+        renderAll();
+      }
+    });
     window.addEventListener("unhandledrejection", (event) => {
       showError(`Something went wrong: ${event.reason && event.reason.message ? event.reason.message : event.reason}`);
     });
-    updateButtons();
+    renderAll();
     refreshModels();
-    refreshRecent();
   }
 
-  // For tests and curious users: the renderer and the timing of the last Stop.
+  // For tests and curious users: the renderer, the form's limits, the timing of the last Stop.
   window.tokenbelt = {
     renderMarkdown,
     escapeHtml,
+    limits: LIMITS,
+    defaults: { max_tokens: DEFAULT_MAX_TOKENS },
     get lastStop() {
       return state.lastStop;
     },
