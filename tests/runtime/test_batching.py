@@ -164,20 +164,26 @@ def test_a_queued_request_times_out_at_its_deadline_with_no_reader(model: Model)
             assert h.wait_released(NET)
 
 
+@pytest.mark.timeout(300)
 def test_running_streams_keep_producing_through_a_long_prefill(model: Model) -> None:
-    running = [model.stream(SEA, max_tokens=300, **GREEDY) for _ in range(3)]
+    running = [model.stream(SEA, max_tokens=400, **GREEDY) for _ in range(3)]
     readers = [read_all(s) for s in running]
-    wait_until(lambda: all(s.trace.completion_tokens >= 5 for s in running), "decode")
-    long = model.stream(prompt=long_text(1200), max_tokens=4, **GREEDY)
-    admitted_tokens = [s.trace.completion_tokens for s in running]
-    wait_until(lambda: long.trace.first_token is not None, "the long prompt's first token")
-    during = [s.trace.completion_tokens - n for s, n in zip(running, admitted_tokens, strict=True)]
-    prefill_s = long.trace.first_token - (long.trace.admitted or 0.0)  # type: ignore[operator]
-    long.read()
-    for s in running:
-        s.cancel()
-    for t in readers:
-        t.join(NET)
+    try:
+        wait_until(lambda: all(s.trace.completion_tokens >= 5 for s in running), "decode")
+        long = model.stream(prompt=long_text(800), max_tokens=4, **GREEDY)
+        admitted_tokens = [s.trace.completion_tokens for s in running]
+        # A busy machine makes this prefill slow (seconds per chunk): a wider net.
+        wait_until(lambda: long.trace.first_token is not None, "its first token", 4 * NET)
+        during = [
+            s.trace.completion_tokens - n for s, n in zip(running, admitted_tokens, strict=True)
+        ]
+        prefill_s = long.trace.first_token - (long.trace.admitted or 0.0)  # type: ignore[operator]
+        long.read()
+    finally:
+        for s in running:
+            s.cancel()
+        for t in readers:
+            t.join(NET)
     gaps = [max(s.trace.token_gaps) for s in running]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "batch-prefill-gaps.json").write_text(
@@ -191,7 +197,7 @@ def test_running_streams_keep_producing_through_a_long_prefill(model: Model) -> 
             }
         )
     )
-    assert long.trace.prompt_tokens > 1000
+    assert long.trace.prompt_tokens > 700
     # Each running stream kept producing while the long prompt was evaluated in chunks.
     assert all(n >= 3 for n in during), during
     # No gap as long as the whole prefill: the budget splits it across steps.
