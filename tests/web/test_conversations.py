@@ -475,3 +475,31 @@ def test_a_reload_in_the_middle_of_a_reply_keeps_the_question_and_says_so(laptop
     expect(page.get_by_test_id("user-turn")).to_have_count(1)
     expect(page.get_by_test_id("interrupted")).to_be_visible()
     expect(page.get_by_test_id("regenerate")).to_be_enabled()
+
+
+def test_the_request_panel_says_which_requests_ran_together(laptop: Page, server_url: str) -> None:
+    """Two requests decoded at once (``serve`` batches four) name each other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    page = laptop
+    body = {"messages": [{"role": "user", "content": "Tell me about the sea."}]}
+
+    def ask(_: int) -> str:
+        answer = httpx.post(
+            f"{server_url}/v1/chat/completions",
+            json={**body, "max_tokens": 24, "temperature": 0},
+            timeout=60,
+        )
+        return answer.headers["x-request-id"]
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(ask, range(2))
+    record = httpx.get(f"{server_url}/v1/requests/{first}", timeout=10).json()
+    assert second in record["batched_with"]
+    _open_panel(page, "recent-panel")
+    page.check("#all-requests")
+    row = page.get_by_test_id("recent").locator(f"[data-request-id='{first}']")
+    expect(row.get_by_test_id("batched-with")).to_contain_text("ran with")
+    expect(row.get_by_test_id("batched-with")).to_have_attribute(
+        "title", re.compile(re.escape(second))
+    )

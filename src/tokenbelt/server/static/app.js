@@ -983,11 +983,17 @@
     } else {
       list.replaceChildren(...data.map((trace) => {
         const reason = trace.end_reason || "running";
-        const item = el("li", { className: "request" }, [
+        const peers = trace.batched_with || [];
+        const parts = [
           el("span", { className: `reason reason-${reason}`, text: reason }),
           el("span", { className: "id", title: trace.request_id, text: trace.request_id }),
           el("span", { className: "figures", text: `first token ${fmtMs(trace.time_to_first_token_ms)} · ${trace.completion_tokens} tokens · stop→release ${fmtMs(trace.cancel_to_release_ms)}` }),
-        ]);
+        ];
+        if (peers.length) {
+          // The requests that shared a batched decode step with this one.
+          parts.push(el("span", { className: "peers", testid: "batched-with", title: peers.join("\n"), text: `ran with ${peers.length} other${peers.length > 1 ? "s" : ""}` }));
+        }
+        const item = el("li", { className: "request" }, parts);
         item.dataset.requestId = trace.request_id;
         item.dataset.endReason = reason;
         return item;
