@@ -1,4 +1,4 @@
-"""Defaults that every surface shares: the HTTP service, the web page and the terminal chat.
+"""Defaults that every surface shares: the SDK, the HTTP service, the web page, the chat.
 
 One place, so that a reply stops at the same length whichever way it was asked for, and
 the documentation (README, ``--help``, the page's settings) can quote one number.

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
+from .._defaults import DEFAULT_MAX_TOKENS
 from .._errors import InvalidArgument
 from ..belt import EndReason, Producer
 
@@ -44,7 +45,7 @@ class SamplingParams:
     compute is spent.
     """
 
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.8
     top_p: float = 0.95
     top_k: int = 40
