@@ -292,3 +292,14 @@ def test_a_stop_before_admission_releases_without_waiting_for_the_step(
     assert steps_at_release == steps_before, "the release waited for a step to end"
     long.cancel()
     assert long.wait_released(NET)
+
+
+def test_a_chat_reuses_its_previous_turn_through_the_prefix_cache(model: Model) -> None:
+    with model.chat(system="You are terse.", temperature=0.0) as chat:
+        first = chat.send("Tell me about the sea.", max_tokens=16)
+        second = chat.send("And the sky?", max_tokens=8)
+    assert first.end_reason.is_natural
+    # The second turn's prompt is the first turn's prompt and reply, then the new
+    # message: all of the first prompt at least comes from the cache.
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens
+    assert second.usage.cached_tokens < second.usage.prompt_tokens
