@@ -256,3 +256,15 @@ def test_an_observer_subscribed_later_sees_requests_of_loaded_models(runtime: Ru
     assert "".join(stream) == "x"
     assert stream.wait_released(NET)
     assert recorder.kinds(stream.request_id) == NATURAL
+
+
+def test_requests_racing_an_immediate_idle_unload_reload_instead_of_failing() -> None:
+    """With ``keep_alive=0`` the model unloads the moment it is idle, on a timer thread,
+    while the next request may be between its load check and the queue: that request
+    holds the unload off, or loads the model again; it is never told "closed"."""
+    from tokenbelt import Runtime, ScriptedEngine
+
+    with Runtime(keep_alive=0.0) as rt:
+        model = rt.add_engines("flicker", lambda: [ScriptedEngine([" a", " b"], delay=0)])
+        replies = [model.complete(prompt="go") for _ in range(100)]
+    assert all(r.text == " a b" for r in replies)

@@ -108,6 +108,8 @@ class Model:
         self._state = ModelState.LOADING
         self._scheduler: Scheduler | None = None
         self._idle_timer: threading.Timer | None = None
+        #: submits between their load check and the scheduler: the idle unload waits
+        self._submitting = 0
         self._context_length = 0
         self.loaded_at: float | None = None
         self._load()
@@ -212,7 +214,7 @@ class Model:
             if self._state is not ModelState.READY or sched is None:
                 return
             stats = sched.statistics()
-            if stats.running or stats.queued:
+            if stats.running or stats.queued or self._submitting:
                 return
             self._set_state(ModelState.IDLE_UNLOADED)
             self._scheduler = None
@@ -274,27 +276,47 @@ class Model:
         admission queue is full (the trace ends ``rejected``), ``RuntimeClosed``.
         Deadlines in ``limits`` count from now (enqueue).
         """
-        self.ensure_loaded()
-        sched = self._scheduler
-        if sched is None:
-            raise RuntimeClosed(f"model {self.name} is closed")
-        with self._lock:
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-                self._idle_timer = None
-        prompt_tokens = sched.engines[0].count_prompt_tokens(request)
-        lim = limits or self.limits
-        trace = Trace(request_id or new_request_id(), model=self.name, observers=self._observers)
-        trace.prompt_tokens = prompt_tokens
-        belt: Belt[str] = Belt(
-            capacity if capacity is not None else self.capacity,
-            deadlines=lim.deadlines(trace.clock()),
-            trace=trace,
-            timer=self._timer,
-        )
-        stream = Stream(belt, on_complete=on_complete)
-        sched.submit(request, belt)
+        sched = self._hold_loaded()
+        try:
+            prompt_tokens = sched.engines[0].count_prompt_tokens(request)
+            lim = limits or self.limits
+            trace = Trace(
+                request_id or new_request_id(), model=self.name, observers=self._observers
+            )
+            trace.prompt_tokens = prompt_tokens
+            belt: Belt[str] = Belt(
+                capacity if capacity is not None else self.capacity,
+                deadlines=lim.deadlines(trace.clock()),
+                trace=trace,
+                timer=self._timer,
+            )
+            stream = Stream(belt, on_complete=on_complete)
+            sched.submit(request, belt)
+        finally:
+            with self._lock:
+                self._submitting -= 1
         return stream
+
+    def _hold_loaded(self) -> Scheduler:
+        """Load the model if needed and keep it loaded until the caller's ``submit`` is done.
+
+        The idle unload (a keep-alive timer, ``keep_alive=0``) may run between a load and
+        a submit; a pending submit holds it off, and a model unloaded meanwhile is loaded
+        again rather than answered "closed".
+        """
+        while True:
+            self.ensure_loaded()
+            with self._lock:
+                sched = self._scheduler
+                if sched is None:
+                    if self._state is ModelState.CLOSED:
+                        raise RuntimeClosed(f"model {self.name} is closed")
+                    continue  # unloaded for being idle since ensure_loaded: load again
+                self._submitting += 1
+                if self._idle_timer is not None:
+                    self._idle_timer.cancel()
+                    self._idle_timer = None
+                return sched
 
     def stream(
         self,
