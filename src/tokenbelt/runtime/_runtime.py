@@ -11,7 +11,7 @@ from typing import Any
 
 from .._errors import RuntimeClosed, UnknownModel
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity
-from ..engines import BatchEngine, Engine
+from ..engines import BatchEngine, Engine, RemoteEngine, Upstream, UpstreamPool
 from ..engines._threads import default_threads
 from ..models import DEFAULT_ALIAS, resolve_and_fetch
 from ._model import Model
@@ -127,6 +127,38 @@ class Runtime:
             factory = list(engines).copy
             options["keep_alive"] = None
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
+
+    def add_remote(
+        self,
+        name: str,
+        upstreams: Sequence[Upstream],
+        *,
+        context_length: int = 0,
+        health_interval: float | None = 5.0,
+        backoff: float = 1.0,
+        info: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Model:
+        """Register a model served by OpenAI-compatible ``upstreams`` (vLLM, llama.cpp's
+        server, Ollama, another tokenbelt), routed by least outstanding requests.
+
+        The model's slots are the sum of the upstreams' ``max_concurrency``; beyond
+        them requests wait in the model's bounded admission queue. Stops, deadlines
+        and backpressure work as for a local model (see ``RemoteEngine``).
+        """
+        ups = list(upstreams)
+
+        def factory() -> list[Engine]:
+            pool = UpstreamPool(ups, backoff=backoff)
+            return [
+                RemoteEngine(
+                    pool, name=name, context_length=context_length, health_interval=health_interval
+                )
+            ]
+
+        details = {"remote": True, "upstreams": [u.url for u in ups], **(info or {})}
+        options.setdefault("keep_alive", None)  # nothing to free here while idle
+        return self._register(name, lambda: self._model(name, factory, info=details, **options))
 
     def _model(self, name: str, factory: Callable[[], Sequence[Engine]], **options: Any) -> Model:
         params: dict[str, Any] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from ._metrics import Metrics
 from ._schemas import TokenbeltOptions
 
 logger = logging.getLogger("tokenbelt.server")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,15 @@ class ServerState:
         )
 
     # -- requests ----------------------------------------------------------------------------
+
+    def request_id_from(self, given: str | None) -> str | None:
+        """A caller's request id if it is well-formed and new here, else None (a new one)."""
+        if given is None or not _REQUEST_ID.match(given):
+            return None
+        with self._lock:
+            if given in self._active or given in self._recent:
+                return None
+        return given
 
     def track(self, stream: Stream) -> None:
         with self._lock:
