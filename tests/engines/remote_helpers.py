@@ -28,8 +28,14 @@ def front(
 ) -> Served:
     """A tokenbelt server whose model ``model`` is served by ``upstreams``."""
     runtime = Runtime(keep_alive=None, queue_size=8)
+    # Known to be tokenbelt servers, as ``add_upstreams`` finds out from their model lists.
     ups = [
-        Upstream(u if isinstance(u, str) else u.url, model, max_concurrency=max_concurrency)
+        Upstream(
+            u if isinstance(u, str) else u.url,
+            model,
+            max_concurrency=max_concurrency,
+            tokenbelt=not isinstance(u, str),
+        )
         for u in upstreams
     ]
     options.setdefault("health_interval", 0.2)

@@ -22,7 +22,7 @@ from ..models import (
     forget_model,
     resolve_and_fetch,
 )
-from ._common import Parser, positive_duration
+from ._common import Parser, positive_duration, positive_int
 
 
 def _size(n: int) -> str:
@@ -207,6 +207,30 @@ def _add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"a header is NAME:VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _add_remote(args: argparse.Namespace) -> int:
+    from ..models import RemoteEntry, add_remote
+
+    entry = RemoteEntry(
+        alias=args.name,
+        urls=tuple(args.url),
+        model=args.model,
+        api_key_env=args.api_key_env,
+        headers=dict(args.header),
+        max_concurrency=args.max_concurrency,
+    )
+    add_remote(entry, replace=args.replace)
+    where = ", ".join(entry.urls)
+    print(f"added {entry.alias}: {entry.model} at {where}")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "models",
@@ -258,3 +282,29 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     c.add_argument("--device", choices=DEVICES, default="cpu", help="its device (default cpu)")
     c.add_argument("--replace", action="store_true", help="replace an existing alias")
     c.set_defaults(func=_add)
+
+    c = cmds.add_parser(
+        "add-remote", help="register a model served by OpenAI-compatible servers (vLLM...)"
+    )
+    c.add_argument("name", metavar="NAME", help="the name to use for it")
+    c.add_argument(
+        "--url", action="append", required=True, help="an upstream base URL (repeatable)"
+    )
+    c.add_argument("--model", required=True, help="the model's name on the upstream")
+    c.add_argument("--api-key-env", metavar="VAR", help="environment variable with its API key")
+    c.add_argument(
+        "--header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="an extra header for every request (repeatable)",
+    )
+    c.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        default=4,
+        help="requests each upstream may hold at once (default 4)",
+    )
+    c.add_argument("--replace", action="store_true", help="replace an existing alias")
+    c.set_defaults(func=_add_remote)

@@ -2,6 +2,7 @@
 
 from ._base import Engine, GenerationRequest, Message, SamplingParams
 from ._batch import BatchEngine, BatchStatistics
+from ._discover import UpstreamModel, list_models
 from ._llama import LlamaEngine
 from ._loading import check_gguf_file, load_with_deadline
 from ._remote import RemoteEngine
@@ -19,8 +20,10 @@ __all__ = [
     "SamplingParams",
     "ScriptedEngine",
     "Upstream",
+    "UpstreamModel",
     "UpstreamPool",
     "UpstreamStatistics",
     "check_gguf_file",
+    "list_models",
     "load_with_deadline",
 ]

@@ -394,7 +394,9 @@ class RemoteEngine:
         u = state.upstream
         chat = job.request.messages is not None
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        headers = {**self._headers(state), "x-request-id": job.producer.trace.request_id}
+        headers = self._headers(state)
+        if state.tokenbelt:  # the same id on both sides (llama.cpp's server wants a UUID)
+            headers["x-request-id"] = job.producer.trace.request_id
         sent = time.monotonic()
         request = self._client.build_request(
             "POST", u.url + path, json=self._body(job.request, u.model), headers=headers
@@ -443,8 +445,10 @@ class RemoteEngine:
         try:
             message = _message(json.loads(text))
         except ValueError:
-            message = text[:500] or response.reason_phrase
+            message = text[:500]
         status = response.status_code
+        if not message:
+            message = f"upstream {state.upstream.url} answered {status} {response.reason_phrase}"
         if status >= 500:
             raise UpstreamUnavailable(
                 f"upstream {state.upstream.url} answered {status}: {message}", status=status

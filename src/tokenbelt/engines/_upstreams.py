@@ -35,7 +35,10 @@ class Upstream:
     ``url`` is the base URL (``http://host:port``, with or without ``/v1``);
     ``model`` the upstream's own model name; ``api_key`` a Bearer key (the catalog
     reads it from an environment variable); ``headers`` extra headers for every
-    request; ``max_concurrency`` how many requests it may hold at once.
+    request; ``max_concurrency`` how many requests it may hold at once; ``tokenbelt``
+    says it is known to be a tokenbelt server (else the engine finds out from its
+    answers): only a tokenbelt upstream is sent the front's ``x-request-id`` (other
+    servers have rules of their own for that header) and called to cancel.
     """
 
     url: str
@@ -43,6 +46,7 @@ class Upstream:
     api_key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     max_concurrency: int = 4
+    tokenbelt: bool = False
 
     def __post_init__(self) -> None:
         url = self.url.strip().rstrip("/")
@@ -95,7 +99,7 @@ class UpstreamState:
         self.last_pick = 0.0
         self.ttft_sum = 0.0
         self.ttft_count = 0
-        self.tokenbelt = False
+        self.tokenbelt = upstream.tokenbelt
 
     @property
     def ejected(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._errors import ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
-from ..engines import BatchEngine
+from ..engines import BatchEngine, RemoteEngine
 from ..runtime import Model, Runtime, Stream
 from ._metrics import Metrics
 from ._schemas import TokenbeltOptions
@@ -94,6 +94,12 @@ class ServerState:
                 for name, m in runtime.models.items()
                 for e in m.engines
                 if isinstance(e, BatchEngine)
+            },
+            lambda: {
+                name: e.upstreams()
+                for name, m in runtime.models.items()
+                for e in m.engines
+                if isinstance(e, RemoteEngine)
             },
         )
         runtime.subscribe(self.metrics.observe)
