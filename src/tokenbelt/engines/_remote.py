@@ -249,7 +249,9 @@ class RemoteEngine:
     def _record_end(job: _Job, fetch: asyncio.Task[EndReason]) -> None:
         p = job.producer
         if fetch.cancelled():
-            return  # a stop: the belt holds its reason already
+            # A stop (the belt holds its reason already), or the loop shutting down.
+            p.cancel(EndReason.SHUTDOWN)
+            return
         error = fetch.exception()
         if error is None:
             p.finish(fetch.result())

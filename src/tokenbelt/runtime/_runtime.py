@@ -192,7 +192,6 @@ class Runtime:
             try:
                 listed = list_models(url, headers=headers)
             except UpstreamUnavailable as exc:
-                logger.warning("%s", exc)
                 down.append(url)
                 errors.append(str(exc))
                 continue
@@ -202,6 +201,8 @@ class Runtime:
             raise UpstreamUnavailable(
                 "no upstream listed a model: " + ("; ".join(errors) or "their lists are empty")
             )
+        for error in errors:
+            logger.warning("%s; it starts ejected", error)
         models = []
         for name, listed in found.items():
             ups = [
