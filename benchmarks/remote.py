@@ -4,8 +4,8 @@ Three figures, one run, against one upstream (by default a ``tokenbelt serve`` o
 embedded model in a process of its own; ``--upstream URL`` for any OpenAI-compatible
 server, such as ``vllm serve`` on a GPU machine):
 
-- **sse_ratio_remote**: decode tokens/s seen by an SSE client through the front (an
-  in-process tokenbelt whose model is a remote engine over the upstream), divided by the
+- **sse_ratio_remote**: decode tokens/s seen by an SSE client through the front
+  (``tokenbelt serve --upstream``, a process of its own), divided by the
   same client streaming from the upstream directly, same prompt, seed and sampling.
   Trials alternate between the two paths and the medians are compared. Target: >= 0.97.
 - **ttft_overhead_remote_ms**: median time to first token through the front minus
@@ -21,24 +21,27 @@ Run: ``.venv/bin/python benchmarks/remote.py [--json] [--trials N] [--tokens N]
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# This folder holds http.py: run as a script, the folder would lead sys.path and hide the
+# standard library's ``http`` package from httpx and uvicorn.
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
 import contextlib
 import json
 import socket
 import statistics
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import uvicorn
 
-from tokenbelt import Runtime
 from tokenbelt.models import default_model_path
-from tokenbelt.server import ServerSettings, create_app
 
 TARGET_RATIO = 0.97
 TARGET_TTFT_MS = 5.0
@@ -58,12 +61,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def own_upstream() -> Iterator[str]:
-    """``tokenbelt serve`` of the embedded model, one slot, in a process of its own."""
-    port = _free_port()
+def serving(command: list[str], port: int) -> Iterator[str]:
+    """Run a server process until the block ends; yields its URL once ``/health`` is ok."""
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
-    command += ["--port", str(port), "--slots", "1", "--log-level", "warning"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + NET
@@ -72,7 +72,7 @@ def own_upstream() -> Iterator[str]:
                 if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
                     break
             if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the upstream tokenbelt serve did not start")
+                raise SystemExit(f"{' '.join(command)} did not start")
             time.sleep(0.1)
         yield url
     finally:
@@ -80,26 +80,20 @@ def own_upstream() -> Iterator[str]:
         process.wait(30)
 
 
-@contextlib.contextmanager
-def front(upstream: str) -> Iterator[str]:
-    """An in-process tokenbelt whose models are the upstream's (``serve --upstream``)."""
-    runtime = Runtime(keep_alive=None)
-    runtime.add_upstreams([upstream], max_concurrency=1)
-    app = create_app(runtime, ServerSettings())
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(NET)
-        sock.close()
+def own_upstream() -> contextlib.AbstractContextManager[str]:
+    """``tokenbelt serve`` of the embedded model, one slot, in a process of its own."""
+    port = _free_port()
+    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
+    command += ["--port", str(port), "--slots", "1", "--log-level", "warning"]
+    return serving(command, port)
+
+
+def front(upstream: str) -> contextlib.AbstractContextManager[str]:
+    """``tokenbelt serve --upstream``, in a process of its own as it is deployed."""
+    port = _free_port()
+    command = [sys.executable, "-m", "tokenbelt", "serve", "--upstream", upstream]
+    command += ["--port", str(port), "--upstream-concurrency", "1", "--log-level", "warning"]
+    return serving(command, port)
 
 
 def _body(model: str, tokens: int) -> dict[str, Any]:

@@ -457,6 +457,15 @@ class RemoteEngine:
             )
         raise UpstreamError(message, status=status)
 
+    @staticmethod
+    async def _drain(events: AsyncGenerator[str, None]) -> None:
+        """Read the end of a finished body, so that its connection serves the next request
+        (one left unread is closed); an upstream that keeps it open gets a second."""
+        with contextlib.suppress(TimeoutError, httpx.HTTPError, UpstreamError):
+            async with asyncio.timeout(1.0):
+                async for _ in events:
+                    pass
+
     async def _room(self, producer: Producer[str]) -> None:
         """Wait for room on the belt (the read pauses meanwhile); raise once it ended."""
         loop = asyncio.get_running_loop()
@@ -482,6 +491,7 @@ class RemoteEngine:
         completion: int | None = None
         async for data in events:
             if data == "[DONE]":
+                await self._drain(events)
                 break
             try:
                 event = json.loads(data)
