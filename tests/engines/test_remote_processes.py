@@ -109,6 +109,14 @@ def test_models_add_remote_and_load(tmp_path: Path) -> None:
         assert again.returncode != 0
         assert "already in the catalog" in again.stderr
         assert len(again.stderr.strip().splitlines()) == 1
+        listed = subprocess.run(
+            [sys.executable, "-m", "tokenbelt", "models", "list", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=NET,
+        )
+        (remote,) = json.loads(listed.stdout)["remote"]
+        assert (remote["alias"], remote["url"], remote["model"]) == ("far", up.url, "scripted")
         with Runtime(keep_alive=None) as rt:
             model = rt.load("far")
             reply = model.complete([{"role": "user", "content": "hi"}], max_tokens=2)

@@ -20,6 +20,7 @@ from ..models import (
     add_model,
     detect_device,
     forget_model,
+    remote_entries,
     resolve_and_fetch,
 )
 from ._common import Parser, positive_duration, positive_int
@@ -54,10 +55,16 @@ def _list(args: argparse.Namespace) -> int:
         for entry in catalog
         for v in entry.variants
     ]
+    remotes = [e.to_json() for e in remote_entries(home).values()]
     if args.json:
         print(
             json.dumps(
-                {"devices": list(info.devices), "device_reason": info.reason, "models": rows}
+                {
+                    "devices": list(info.devices),
+                    "device_reason": info.reason,
+                    "models": rows,
+                    "remote": remotes,
+                }
             )
         )
         return 0
@@ -78,6 +85,9 @@ def _list(args: argparse.Namespace) -> int:
             r["source"],
             r["state"],
         )
+    for e in remotes:
+        urls = e["url"] if isinstance(e["url"], list) else [e["url"]]
+        table.add_row(e["alias"], e["model"], "remote", "-", "-", ", ".join(urls), "remote")
     console = Console()
     if not console.is_terminal:  # a pipe or a file: no need to squeeze into 80 columns
         console = Console(width=200)
