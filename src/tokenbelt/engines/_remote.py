@@ -32,14 +32,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import socket
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import httpx
 
@@ -47,38 +45,21 @@ from .._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailabl
 from ..belt import EndReason, Producer
 from ._base import GenerationRequest
 from ._upstreams import UpstreamPool, UpstreamState, UpstreamStatistics
+from ._wire import (
+    error_message,
+    estimate_tokens,
+    event_data,
+    raise_for_status,
+    request_body,
+)
 
 logger = logging.getLogger("tokenbelt.engines.remote")
 
-#: the longest event line an upstream may send (a longer one is an error)
-MAX_EVENT_BYTES = 256 * 1024
 #: SO_RCVBUF of every upstream connection: how much TCP buffers before it pushes back
 RECEIVE_BUFFER_BYTES = 64 * 1024
 #: how long the engine waits for a tokenbelt upstream's cancel answer and release
 UPSTREAM_RELEASE_WAIT_S = 1.0
-#: the most an error body from an upstream is read
-_ERROR_BODY_BYTES = 16 * 1024
-
 _FINISH = {"stop": EndReason.STOP, "length": EndReason.LENGTH}
-
-
-def estimate_tokens(text: str) -> int:
-    """A rough token count (4 characters a token) for when the upstream gives no usage."""
-    return math.ceil(len(text) / 4)
-
-
-def _message(body: object) -> str:
-    """The message of an OpenAI-shaped error body (or the body itself, shortened)."""
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if isinstance(body.get("detail"), str):
-            return str(body["detail"])
-    text = body if isinstance(body, str) else json.dumps(body)
-    return text[:500]
 
 
 def _wake_threadsafe(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
@@ -97,26 +78,6 @@ class _Job:
     produced: int = 0
     fetch: asyncio.Task[EndReason] | None = None
     cancelling: asyncio.Task[None] | None = None
-
-
-async def _sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
-    """The ``data:`` payloads of an event stream, one network read at a time.
-
-    Nothing is read ahead of the caller: while it waits (for room on the belt), the
-    socket is not read and TCP pushes back on the upstream.
-    """
-    buf = bytearray()
-    async for chunk in response.aiter_bytes():
-        buf += chunk
-        start = 0
-        while (end := buf.find(b"\n", start)) >= 0:
-            line = bytes(buf[start:end]).rstrip(b"\r")
-            start = end + 1
-            if line.startswith(b"data:"):
-                yield line[5:].strip().decode("utf-8", "replace")
-        del buf[:start]
-        if len(buf) > MAX_EVENT_BYTES:
-            raise UpstreamError(f"an event line longer than {MAX_EVENT_BYTES} bytes")
 
 
 class RemoteEngine:
@@ -368,30 +329,6 @@ class RemoteEngine:
             headers["authorization"] = f"Bearer {u.api_key}"
         return headers
 
-    @staticmethod
-    def _body(request: GenerationRequest, model: str) -> dict[str, Any]:
-        s = request.sampling
-        body: dict[str, Any] = {
-            "model": model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "min_p": s.min_p,
-            "repeat_penalty": s.repeat_penalty,
-        }
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.stop:
-            body["stop"] = list(s.stop)
-        if request.messages is not None:
-            body["messages"] = [dict(m) for m in request.messages]
-        else:
-            body["prompt"] = request.prompt
-        return body
-
     async def _attempt(self, job: _Job, state: UpstreamState) -> EndReason:
         u = state.upstream
         chat = job.request.messages is not None
@@ -401,16 +338,16 @@ class RemoteEngine:
             headers["x-request-id"] = job.producer.trace.request_id
         sent = time.monotonic()
         request = self._client.build_request(
-            "POST", u.url + path, json=self._body(job.request, u.model), headers=headers
+            "POST", u.url + path, json=request_body(job.request, u.model), headers=headers
         )
         try:
             response = await self._client.send(request, stream=True)
             # Held here until the close: an event reader dropped earlier would be
             # finalised by the loop, closing the connection before a cancel is sent.
-            events = _sse_data(response)
+            events = event_data(response)
             try:
                 if response.status_code >= 400:
-                    await self._raise_for(response, state)
+                    await raise_for_status(response, u.url)
                 job.upstream_id = response.headers.get("x-request-id")
                 job.producer.trace.upstream = {
                     "url": u.url,
@@ -435,27 +372,6 @@ class RemoteEngine:
             raise UpstreamUnavailable(
                 f"the connection to upstream {u.url} broke off ({what}: {exc})"
             ) from exc
-
-    @staticmethod
-    async def _raise_for(response: httpx.Response, state: UpstreamState) -> None:
-        data = bytearray()
-        async for chunk in response.aiter_bytes():
-            data += chunk
-            if len(data) >= _ERROR_BODY_BYTES:
-                break
-        text = data.decode("utf-8", "replace")
-        try:
-            message = _message(json.loads(text))
-        except ValueError:
-            message = text[:500]
-        status = response.status_code
-        if not message:
-            message = f"upstream {state.upstream.url} answered {status} {response.reason_phrase}"
-        if status >= 500:
-            raise UpstreamUnavailable(
-                f"upstream {state.upstream.url} answered {status}: {message}", status=status
-            )
-        raise UpstreamError(message, status=status)
 
     @staticmethod
     async def _drain(events: AsyncGenerator[str, None]) -> None:
@@ -500,7 +416,7 @@ class RemoteEngine:
             if not isinstance(event, dict):
                 raise UpstreamError(f"upstream {url} sent a malformed event: {data[:80]!r}")
             if event.get("error"):
-                raise UpstreamError(f"upstream {url} failed: {_message(event)}")
+                raise UpstreamError(f"upstream {url} failed: {error_message(event)}")
             extension = event.get("tokenbelt")
             if isinstance(extension, dict):
                 state.tokenbelt = True
