@@ -24,7 +24,15 @@ from server.conftest import (
     scripted_runtime,
     words,
 )
-from tokenbelt import EndReason, Limits, Runtime, ScriptedEngine, Upstream, UpstreamUnavailable
+from tokenbelt import (
+    EndReason,
+    Limits,
+    QueueFull,
+    Runtime,
+    ScriptedEngine,
+    Upstream,
+    UpstreamUnavailable,
+)
 from tokenbelt.cli._serve import SEND_BUFFER_BYTES
 
 #: what the issue promises: the upstream is free this soon after a stop at the front
@@ -222,3 +230,44 @@ def test_two_upstreams_share_the_load(serve: ServeFactory) -> None:
     assert done == [200] * 4
     counts = [len([e for e in u.recorder.events if e.kind == "enqueued"]) for u in ups]
     assert counts == [2, 2]
+
+
+def test_shutdown_of_the_front_stops_the_upstream(serve: ServeFactory) -> None:
+    up = upstream(serve, slow())
+    runtime = Runtime(keep_alive=None)
+    model = runtime.add_remote(
+        "scripted", [Upstream(up.url, "scripted", tokenbelt=True)], health_interval=None
+    )
+    stream = model.stream([{"role": "user", "content": "hi"}])
+    pieces = iter(stream)
+    next(pieces)
+    runtime.close()
+    assert stream.end_reason is EndReason.SHUTDOWN
+    assert stream.trace.released is not None
+    up_trace = up.recorder.nth(0)
+    up.assert_released(up_trace, EndReason.CLIENT_DISCONNECT)
+    assert up_trace.released is not None
+    assert up_trace.released <= stream.trace.released
+
+
+def test_the_concurrency_limit_feeds_the_admission_queue(serve: ServeFactory) -> None:
+    up = upstream(serve, slow(), slow(), slots=2)
+    with Runtime(keep_alive=None, queue_size=1) as rt:
+        model = rt.add_remote(
+            "scripted", [Upstream(up.url, "scripted", max_concurrency=1)], health_interval=None
+        )
+        first = model.stream([{"role": "user", "content": "one"}])
+        second = model.stream([{"role": "user", "content": "two"}])
+        stats = model.statistics()
+        assert (stats.slots, stats.running, stats.queued) == (1, 1, 1)
+        with pytest.raises(QueueFull):
+            model.stream([{"role": "user", "content": "three"}])
+        first.cancel()
+        # The queued request starts once the first has let go of the upstream.
+        pieces = iter(second)
+        next(pieces)
+        assert first.trace.released is not None
+        assert second.trace.admitted is not None
+        assert second.trace.admitted >= first.trace.released
+        second.cancel()
+        assert second.wait_released(NET)
