@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from tokenbelt.engines._threads import usable_cores
 from tokenbelt.models import default_model_path
 
 TARGET_RATIO = 0.97
@@ -80,11 +81,18 @@ def serving(command: list[str], port: int) -> Iterator[str]:
         process.wait(30)
 
 
-def own_upstream() -> contextlib.AbstractContextManager[str]:
-    """``tokenbelt serve`` of the embedded model, one slot, in a process of its own."""
+def own_upstream(threads: int | None) -> contextlib.AbstractContextManager[str]:
+    """``tokenbelt serve`` of the embedded model, one slot, in a process of its own.
+
+    ``threads`` fixes llama.cpp's threads: on a small machine, fewer than the cores leave
+    one to the front and the client, whose work would otherwise stall the decode steps
+    of the upstream (a CPU upstream shares the machine; a GPU one does not).
+    """
     port = _free_port()
     command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
     command += ["--port", str(port), "--slots", "1", "--log-level", "warning"]
+    if threads:
+        command += ["--threads", str(threads), "--threads-batch", str(threads)]
     return serving(command, port)
 
 
@@ -201,11 +209,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens per timed stream")
     parser.add_argument("--upstream", help="an OpenAI-compatible base URL (default: own)")
     parser.add_argument("--model", help="the upstream's model (default: the first listed)")
+    parser.add_argument(
+        "--upstream-threads",
+        type=int,
+        help="llama.cpp threads of the own upstream (default: all but one core, at least 1)",
+    )
     args = parser.parse_args()
     if args.upstream:
         result = run(args.upstream.rstrip("/"), args.model, args.trials, args.tokens)
     else:
-        with own_upstream() as url:
+        threads = args.upstream_threads or max(1, usable_cores() - 1)
+        with own_upstream(threads) as url:
             result = run(url, args.model, args.trials, args.tokens)
     if args.json:
         print(json.dumps(result))
