@@ -121,6 +121,15 @@ def test_models_add_remote_and_load(tmp_path: Path) -> None:
             model = rt.load("far")
             reply = model.complete([{"role": "user", "content": "hi"}], max_tokens=2)
             assert reply.text == " w0 w1"
+        # `tokenbelt serve NAME` serves it as well.
+        port = free_port()
+        command = [sys.executable, "-m", "tokenbelt", "serve", "far", "--port", str(port)]
+        served = Process(command, f"http://127.0.0.1:{port}", tmp_path / "far.log", "/health")
+        with running(served):
+            body = chat_body(max_tokens=3)
+            answer = httpx.post(served.url + CHAT, json=body, timeout=NET).json()
+            assert answer["model"] == "far"
+            assert answer["choices"][0]["message"]["content"] == " w0 w1 w2"
 
 
 def llama_server(tmp: Path) -> Process:
