@@ -11,12 +11,11 @@ no thread per request. Each request is one task that
   back on the upstream;
 - on any end (a stop, a deadline, shutdown) closes the upstream connection at once.
   A ``user_cancel`` at a tokenbelt upstream first calls its cancel endpoint (one
-  round trip), so that the upstream records ``user_cancel`` too; any other stop closes
-  the connection,
-  which the upstream records as ``client_disconnect``. From a tokenbelt upstream the
-  engine then fetches that request's own trace (same request id, passed in
-  ``x-request-id``) and keeps it in ``trace.upstream``: the front's release comes
-  after the upstream's;
+  round trip), so that the upstream records ``user_cancel`` too; any other stop just
+  closes the connection, which the upstream records as ``client_disconnect``. From a
+  tokenbelt upstream the engine then fetches that request's own trace (same request
+  id, passed in ``x-request-id``) and keeps it in ``trace.upstream``: the front's
+  release comes after the upstream's (or after ``UPSTREAM_RELEASE_WAIT_S``);
 - retries on another upstream when one refuses, answers 5xx or breaks off, but only
   while no token has reached the belt.
 
