@@ -132,11 +132,17 @@ def test_models_add_remote_and_load(tmp_path: Path) -> None:
             assert answer["choices"][0]["message"]["content"] == " w0 w1 w2"
 
 
+#: a prompt whose answer is long: a server that did not stop would be busy for a while
+COUNT = "Count from 1 to 1000, one number per line."
+
+
 def llama_server(tmp: Path) -> Process:
     port = free_port()
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path())]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024"]
-    command += ["--n_threads", "1", "--model_alias", "smol"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
+    # By default it cuts a running stream short (a bare [DONE]) when any other request
+    # arrives, a front's health check included.
+    command += ["--n_threads", "1", "--model_alias", "smol", "--interrupt_requests", "False"]
     return Process(command, f"http://127.0.0.1:{port}", tmp / "llama.log", "/v1/models")
 
 
@@ -152,7 +158,7 @@ def test_llama_cpp_python_server_as_upstream(tmp_path: Path) -> None:
         assert reply.usage.completion_tokens > 0
         # Through the SDK's stream: stop after two pieces; the upstream is free again
         # for the next request at once (its request starts promptly).
-        stream = model.stream([{"role": "user", "content": "Count to 200"}], max_tokens=400)
+        stream = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500)
         pieces = iter(stream)
         next(pieces)
         next(pieces)
@@ -163,8 +169,9 @@ def test_llama_cpp_python_server_as_upstream(tmp_path: Path) -> None:
         next(iter(follow))
         ttft = time.monotonic() - started
         follow.read()
-        # Not a timing target: a server still decoding 400 tokens would take seconds.
-        assert ttft < 5.0, ttft
+        # Not a timing target: a server that decoded the rest of the 1,500 tokens first
+        # would take far longer.
+        assert ttft < 10.0, ttft
 
 
 def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None:
@@ -172,6 +179,7 @@ def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None
     server = llama_server(tmp_path)
     with running(server):
         fr = front_process(tmp_path, server.url, extra=["--upstream-concurrency", "1"])
+        # (its health checks wait while a stream runs: llama-cpp-python serves one at a time)
         with running(fr):
             body = chat_body("Say hi", stream=True, max_tokens=8)
             body["model"] = "smol"
@@ -182,3 +190,18 @@ def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None
             assert reason in ("stop", "length"), json.dumps(events[-2])
             answer = httpx.post(fr.url + CHAT, json={**body, "stream": False}, timeout=NET)
             assert answer.status_code == 200, answer.text
+            # A client that leaves the front two pieces into a long answer: the upstream
+            # (one request at a time here) starts the next request without finishing it.
+            long = {**body, "messages": [{"role": "user", "content": COUNT}]}
+            with RawClient(fr.url) as client:
+                client.send(CHAT, {**long, "max_tokens": 1500})
+                client.read_head()
+                client.read_until(b'"content"')
+            started = time.monotonic()
+            answer = httpx.post(fr.url + CHAT, json={**body, "stream": False}, timeout=NET)
+            assert answer.status_code == 200, answer.text
+            trace = answer.json()["tokenbelt"]["trace"]
+            assert trace["time_to_first_token_ms"] is not None
+            # Not a timing target: a server that decoded the 1,500 tokens first would take
+            # far longer; this is the next request starting once the stop has landed.
+            assert time.monotonic() - started < 10.0

@@ -72,6 +72,13 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=4,
         help="requests each upstream may hold at once (default 4)",
     )
+    p.add_argument(
+        "--upstream-health-interval",
+        type=duration,
+        default=5.0,
+        metavar="S",
+        help="seconds between health checks of each upstream (default 5; 0 = none)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.add_argument("--capacity", type=positive_int, default=8, help="belt capacity per request")
@@ -177,7 +184,10 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.upstream:
         models = runtime.add_upstreams(
-            args.upstream, api_key=upstream_key, max_concurrency=args.upstream_concurrency
+            args.upstream,
+            api_key=upstream_key,
+            max_concurrency=args.upstream_concurrency,
+            health_interval=args.upstream_health_interval or None,
         )
         logger.info("from upstreams: %s", ", ".join(m.name for m in models))
     app = create_app(

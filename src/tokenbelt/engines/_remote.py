@@ -406,7 +406,11 @@ class RemoteEngine:
         completion: int | None = None
         async for data in events:
             if data == "[DONE]":
-                await self._drain(events)
+                if state.tokenbelt:
+                    # Only a tokenbelt upstream's connection is kept for the next request:
+                    # llama-cpp-python's server took a stream on a reused connection for a
+                    # disconnect, and a new connection costs one round trip.
+                    await self._drain(events)
                 break
             try:
                 event = json.loads(data)
@@ -461,9 +465,19 @@ class RemoteEngine:
     async def check(self, state: UpstreamState) -> bool:
         """Ask one upstream's ``/v1/models``; True when it answers 200 (on the loop)."""
         try:
+            # Its own connection, closed after: never one a request would reuse.
             answer = await self._client.get(
-                f"{state.upstream.url}/v1/models", headers=self._headers(state), timeout=2.0
+                f"{state.upstream.url}/v1/models",
+                headers={**self._headers(state), "connection": "close"},
+                timeout=2.0,
             )
+        except httpx.TimeoutException as exc:
+            # Slow, not down: an upstream busy with requests of ours may answer late (one
+            # that serves one request at a time answers after it); those requests say
+            # whether it works. An idle one that does not answer is taken out.
+            if state.in_flight == 0:
+                self.pool.eject(state, f"health check: {type(exc).__name__}")
+            return False
         except httpx.HTTPError as exc:
             self.pool.eject(state, f"health check: {type(exc).__name__}: {exc}")
             return False
