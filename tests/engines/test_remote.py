@@ -155,6 +155,13 @@ def test_upstream_errors_are_clear(serve: ServeFactory) -> None:
     # The upstream's 404 passes through, with its message.
     assert answer.status_code == 404
     assert "no-such-model" in answer.json()["error"]["message"]
+    # A stream has sent its 200 already: its final chunk carries the upstream's error.
+    with httpx.stream("POST", fr.url + CHAT, json=chat_body(stream=True), timeout=NET) as r:
+        events = collect(r.iter_lines())
+    error = events[-2]["error"]
+    assert error["code"] == "upstream_404"
+    assert "no-such-model" in error["message"]
+    assert events[-2]["tokenbelt"]["end_reason"] == "runtime_error"
     failing = upstream(serve, ScriptedEngine(words(3), delay=0.0, fail_after=1))
     fr2 = front(serve, failing, health_interval=None)
     answer = httpx.post(fr2.url + CHAT, json=chat_body(), timeout=NET)
