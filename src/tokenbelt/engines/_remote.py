@@ -281,7 +281,8 @@ class RemoteEngine:
             return
         if info.get("trace", {}).get("timeline_ms", {}).get("released") is not None:
             return
-        url = f"{state.upstream.url}/v1/requests/{info['request_id']}"
+        request_id = info.get("request_id") or job.producer.trace.request_id
+        url = f"{state.upstream.url}/v1/requests/{request_id}"
         deadline = time.monotonic() + UPSTREAM_RELEASE_WAIT_S
         pause = 0.002
         while time.monotonic() < deadline:
@@ -291,7 +292,9 @@ class RemoteEngine:
             except (httpx.HTTPError, ValueError):
                 return
             if isinstance(trace, dict):
-                info["trace"] = trace
+                # A new dict, never a change to the one others may be serialising.
+                info = {**info, "trace": trace}
+                job.producer.trace.upstream = info
                 if trace.get("timeline_ms", {}).get("released") is not None:
                     return
             await asyncio.sleep(pause)
@@ -426,7 +429,7 @@ class RemoteEngine:
                 if isinstance(extension.get("end_reason"), str):
                     upstream_reason = extension["end_reason"]
                 if isinstance(extension.get("trace"), dict) and p.trace.upstream is not None:
-                    p.trace.upstream["trace"] = extension["trace"]
+                    p.trace.upstream = {**p.trace.upstream, "trace": extension["trace"]}
             usage = event.get("usage")
             if isinstance(usage, dict):
                 if isinstance(usage.get("prompt_tokens"), int):
