@@ -126,6 +126,11 @@ def test_models_add_remote_and_load(tmp_path: Path) -> None:
         command = [sys.executable, "-m", "tokenbelt", "serve", "far", "--port", str(port)]
         served = Process(command, f"http://127.0.0.1:{port}", tmp_path / "far.log", "/health")
         with running(served):
+            # Up before the model: `serve` registers it in the background.
+            deadline = time.monotonic() + NET
+            while httpx.get(f"{served.url}/health", timeout=NET).json()["status"] != "ok":
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
             body = chat_body(max_tokens=3)
             answer = httpx.post(served.url + CHAT, json=body, timeout=NET).json()
             assert answer["model"] == "far"
