@@ -34,6 +34,7 @@ EXPECTED = {
     "ModelState",
     "PromptTooLong",
     "QueueFull",
+    "RemoteEngine",
     "Reply",
     "Runtime",
     "RuntimeClosed",
@@ -45,6 +46,9 @@ EXPECTED = {
     "Trace",
     "TraceEvent",
     "UnknownModel",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamUnavailable",
     "Usage",
     "__version__",
 }

@@ -4,7 +4,7 @@ timed and explained.
 The package is layered; lower layers never import higher ones:
 
 1. ``tokenbelt.belt``: the bounded channel, cancellation, deadlines, trace
-2. ``tokenbelt.engines``: llama.cpp and a scripted engine
+2. ``tokenbelt.engines``: llama.cpp, remote (OpenAI-compatible upstreams), scripted
 3. ``tokenbelt.models``: catalog, resolution, download cache, probe
 4. ``tokenbelt.runtime``: loaded models, slots, admission queue, sessions (the SDK)
 5. surfaces: ``tokenbelt.server`` (HTTP), ``tokenbelt.cli``
@@ -31,9 +31,18 @@ from ._errors import (
     RuntimeClosed,
     TokenbeltError,
     UnknownModel,
+    UpstreamError,
+    UpstreamUnavailable,
 )
 from .belt import Belt, BeltStatistics, EndReason, Limits, Trace, TraceEvent
-from .engines import GenerationRequest, LlamaEngine, SamplingParams, ScriptedEngine
+from .engines import (
+    GenerationRequest,
+    LlamaEngine,
+    RemoteEngine,
+    SamplingParams,
+    ScriptedEngine,
+    Upstream,
+)
 from .runtime import (
     DEFAULT_ALIAS,
     ChatSession,
@@ -76,6 +85,7 @@ __all__ = [
     "ModelState",
     "PromptTooLong",
     "QueueFull",
+    "RemoteEngine",
     "Reply",
     "Runtime",
     "RuntimeClosed",
@@ -87,6 +97,9 @@ __all__ = [
     "Trace",
     "TraceEvent",
     "UnknownModel",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamUnavailable",
     "Usage",
     "__version__",
 ]

@@ -13,7 +13,9 @@ each (``raise ... from exc``) so callers never need to catch a library's own typ
     │   ├── ModelLoadError .................. the model file could not be loaded
     │   ├── LoadTimeout ..................... loading took longer than ``load_timeout``
     │   ├── PromptTooLong ................... the prompt does not fit the context
-    │   └── DecodeError ..................... the engine failed while generating
+    │   ├── DecodeError ..................... the engine failed while generating
+    │   └── UpstreamError ................... a remote engine's upstream refused or failed
+    │       └── UpstreamUnavailable ......... none could serve: refused, 5xx, reset, ejected
     ├── ModelError
     │   ├── UnknownModel .................... no catalog entry for an alias or variant
     │   ├── CatalogError .................... a catalog file is malformed
@@ -83,6 +85,25 @@ class PromptTooLong(EngineError, ValueError):
 
 class DecodeError(EngineError):
     """The engine failed while evaluating or sampling."""
+
+
+class UpstreamError(EngineError):
+    """An upstream server of a remote engine answered with an error, or broke off.
+
+    ``status`` is the upstream's HTTP status when it answered with one (a 4xx is
+    passed on to the client with its message), else None.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UpstreamUnavailable(UpstreamError):
+    """No upstream could serve the request: refused, 5xx, reset, or every one ejected.
+
+    Retried on another upstream while no token has reached the client.
+    """
 
 
 class ModelError(TokenbeltError):

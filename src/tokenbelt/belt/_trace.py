@@ -99,6 +99,9 @@ class Trace:
         self.batched_with: set[str] = set()
         #: seconds between consecutive tokens as they were produced (4 bytes each)
         self.token_gaps: array.array[float] = array.array("f")
+        #: a remote engine's upstream: its URL, its request id and (from a tokenbelt
+        #: upstream) its own trace, whose ``released`` says when its slot was free
+        self.upstream: dict[str, Any] | None = None
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
         # Events wait here in the order their facts were recorded; ``flush`` delivers them.
@@ -323,6 +326,7 @@ class Trace:
             "error": self.error,
             "release_lagged": self.release_lagged,
             "batched_with": sorted(self.batched_with),
+            "upstream": self.upstream,
         }
 
     def __repr__(self) -> str:

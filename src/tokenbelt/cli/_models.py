@@ -22,10 +22,11 @@ from ..models import (
     add_model,
     detect_device,
     forget_model,
+    remote_entries,
     resolve_and_fetch,
 )
 from ..models._hub import HF_SCHEME, pull_from_hub
-from ._common import Parser, positive_duration
+from ._common import Parser, positive_duration, positive_int
 
 
 def _size(n: int) -> str:
@@ -57,10 +58,16 @@ def _list(args: argparse.Namespace) -> int:
         for entry in catalog
         for v in entry.variants
     ]
+    remotes = [e.to_json() for e in remote_entries(home).values()]
     if args.json:
         print(
             json.dumps(
-                {"devices": list(info.devices), "device_reason": info.reason, "models": rows}
+                {
+                    "devices": list(info.devices),
+                    "device_reason": info.reason,
+                    "models": rows,
+                    "remote": remotes,
+                }
             )
         )
         return 0
@@ -78,7 +85,7 @@ def _list(args: argparse.Namespace) -> int:
     if console.width < 80:
         columns.remove("quant")
     table = Table(title=f"models (devices here: {', '.join(info.devices)})")
-    longest = max((len(r["alias"]) for r in rows), default=5)
+    longest = max((len(r["alias"]) for r in rows + remotes), default=5)
     for column in columns:
         if column == "alias":
             table.add_column(column, no_wrap=True, min_width=longest)
@@ -95,6 +102,18 @@ def _list(args: argparse.Namespace) -> int:
             "size": _size(r["size"]),
             "source": r["source"],
             "state": r["state"],
+        }
+        table.add_row(*(cells[c] for c in columns))
+    for e in remotes:
+        urls = e["url"] if isinstance(e["url"], list) else [e["url"]]
+        cells = {
+            "alias": e["alias"],
+            "variant": e["model"],
+            "device": "remote",
+            "quant": "-",
+            "size": "-",
+            "source": ", ".join(urls),
+            "state": "remote",
         }
         table.add_row(*(cells[c] for c in columns))
     console.print(table)
@@ -280,6 +299,30 @@ def _add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"a header is NAME:VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _add_remote(args: argparse.Namespace) -> int:
+    from ..models import RemoteEntry, add_remote
+
+    entry = RemoteEntry(
+        alias=args.name,
+        urls=tuple(args.url),
+        model=args.model,
+        api_key_env=args.api_key_env,
+        headers=dict(args.header),
+        max_concurrency=args.max_concurrency,
+    )
+    add_remote(entry, replace=args.replace)
+    where = ", ".join(entry.urls)
+    print(f"added {entry.alias}: {entry.model} at {where}")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "models",
@@ -359,3 +402,29 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         "--force", action="store_true", help="with --replace: also replace a shipped alias"
     )
     c.set_defaults(func=_add)
+
+    c = cmds.add_parser(
+        "add-remote", help="register a model served by OpenAI-compatible servers (vLLM...)"
+    )
+    c.add_argument("name", metavar="NAME", help="the name to use for it")
+    c.add_argument(
+        "--url", action="append", required=True, help="an upstream base URL (repeatable)"
+    )
+    c.add_argument("--model", required=True, help="the model's name on the upstream")
+    c.add_argument("--api-key-env", metavar="VAR", help="environment variable with its API key")
+    c.add_argument(
+        "--header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="an extra header for every request (repeatable)",
+    )
+    c.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        default=4,
+        help="requests each upstream may hold at once (default 4)",
+    )
+    c.add_argument("--replace", action="store_true", help="replace an existing alias")
+    c.set_defaults(func=_add_remote)

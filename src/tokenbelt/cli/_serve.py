@@ -51,7 +51,37 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="serve a model over an OpenAI-compatible HTTP API with a web chat",
         description="Serve a model (default: the embedded one) at http://127.0.0.1:8080.",
     )
-    p.add_argument("alias", nargs="?", default=DEFAULT_ALIAS, help="model alias or .gguf path")
+    p.add_argument(
+        "alias",
+        nargs="?",
+        help=f"model alias or .gguf path (default {DEFAULT_ALIAS}; none with --upstream)",
+    )
+    p.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="serve every model this OpenAI-compatible server lists (vLLM, llama.cpp's "
+        "server, Ollama, tokenbelt); repeat it to route between several",
+    )
+    p.add_argument(
+        "--upstream-api-key-env",
+        metavar="VAR",
+        help="environment variable holding the upstreams' API key",
+    )
+    p.add_argument(
+        "--upstream-concurrency",
+        type=positive_int,
+        default=4,
+        help="requests each upstream may hold at once (default 4)",
+    )
+    p.add_argument(
+        "--upstream-health-interval",
+        type=duration,
+        default=5.0,
+        metavar="S",
+        help="seconds between health checks of each upstream (default 5; 0 = none)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.add_argument(
@@ -130,16 +160,23 @@ def main(args: argparse.Namespace) -> int:
             "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
             2,
         )
-    missing = missing_model_file(args.alias)
+    alias = args.alias if args.alias or args.upstream else DEFAULT_ALIAS
+    missing = missing_model_file(alias) if alias else None
     if missing is not None:
         fail(f"file not found: {missing}")
-    if Runtime.name_for(args.alias) == args.alias:
+    upstream_key = None
+    if args.upstream_api_key_env:
+        upstream_key = os.environ.get(args.upstream_api_key_env)
+        if not upstream_key:
+            fail(f"the environment variable {args.upstream_api_key_env} is not set", 2)
+    if alias and Runtime.name_for(alias) == alias:
         # Fail fast on an alias the catalog does not know, before binding anything;
         # downloading and loading then happen in the background.
-        from ..models import Catalog, Home, ModelCache, choose_variant
+        from ..models import Catalog, Home, ModelCache, choose_variant, find_remote
 
         home = Home.from_env()
-        choose_variant(Catalog.load(home), args.alias, cache=ModelCache(home))
+        if find_remote(alias, home) is None:
+            choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -172,8 +209,16 @@ def main(args: argparse.Namespace) -> int:
         n_threads_batch=args.threads_batch,
         prefill_chunk=args.prefill_chunk,
     )
+    if args.upstream:
+        models = runtime.add_upstreams(
+            args.upstream,
+            api_key=upstream_key,
+            max_concurrency=args.upstream_concurrency,
+            health_interval=args.upstream_health_interval or None,
+        )
+        logger.info("from upstreams: %s", ", ".join(m.name for m in models))
     app = create_app(
-        runtime, settings, load=args.alias, load_options={"load_timeout": args.load_timeout}
+        runtime, settings, load=alias, load_options={"load_timeout": args.load_timeout}
     )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False
@@ -191,7 +236,7 @@ def main(args: argparse.Namespace) -> int:
     url = f"http://{host}:{sock.getsockname()[1]}"
     logger.info(
         "loading %s; serving at %s (web chat at /, API at /v1, metrics at /metrics)",
-        args.alias,
+        alias or ", ".join(runtime.models),
         url,
     )
     app.state.tokenbelt.on_ready = lambda model: logger.info(

@@ -1,10 +1,13 @@
-"""Layer 2: the things that produce tokens (llama.cpp batched and single, a scripted engine)."""
+"""Layer 2: the things that produce tokens (llama.cpp batched and single, remote, scripted)."""
 
 from ._base import Engine, GenerationRequest, Message, SamplingParams
 from ._batch import BatchEngine, BatchStatistics
+from ._discover import UpstreamModel, list_models
 from ._llama import LlamaEngine
 from ._loading import check_gguf_file, load_with_deadline
+from ._remote import RemoteEngine
 from ._scripted import ScriptedEngine
+from ._upstreams import Upstream, UpstreamPool, UpstreamStatistics
 
 __all__ = [
     "BatchEngine",
@@ -13,8 +16,14 @@ __all__ = [
     "GenerationRequest",
     "LlamaEngine",
     "Message",
+    "RemoteEngine",
     "SamplingParams",
     "ScriptedEngine",
+    "Upstream",
+    "UpstreamModel",
+    "UpstreamPool",
+    "UpstreamStatistics",
     "check_gguf_file",
+    "list_models",
     "load_with_deadline",
 ]

@@ -12,6 +12,7 @@ from ._embedded import default_model_path, distribution_file
 from ._home import Home
 from ._probe import ProbeReport, run_probe
 from ._registry import GGUFInfo, add_model, forget_model, read_gguf_info
+from ._remote import RemoteEntry, add_remote, find_remote, remote_entries
 from ._resolve import DEFAULT_ALIAS, Choice, ResolvedModel, choose_variant, resolve_and_fetch
 from ._sources import DistributionSource, HuggingFaceSource, PathSource, Source, UrlSource
 
@@ -31,18 +32,22 @@ __all__ = [
     "ModelEntry",
     "PathSource",
     "ProbeReport",
+    "RemoteEntry",
     "ResolvedModel",
     "Source",
     "UrlSource",
     "Variant",
     "add_model",
+    "add_remote",
     "choose_variant",
     "default_model_path",
     "detect_device",
     "distribution_file",
     "download",
+    "find_remote",
     "forget_model",
     "read_gguf_info",
+    "remote_entries",
     "resolve_and_fetch",
     "run_probe",
 ]

@@ -148,9 +148,11 @@ def parse_catalog_text(text: str, file: Path | str, base: Path | None = None) ->
             f"{file}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
         ) from None
     top = Fields(data, file, "")
+    # Entries of kind "remote" are models served elsewhere (``_remote.py`` reads them).
     entries = [
         parse_entry(e, file, f"models[{i}]", base)
         for i, e in enumerate(top.items("models", allow_empty=True))
+        if not (isinstance(e, dict) and e.get("kind") == "remote")
     ]
     seen: set[str] = set()
     for entry in entries:

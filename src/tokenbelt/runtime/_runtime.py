@@ -9,11 +9,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import RuntimeClosed, UnknownModel
+from .._errors import RuntimeClosed, UnknownModel, UpstreamUnavailable
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity
-from ..engines import BatchEngine, Engine
+from ..engines import (
+    BatchEngine,
+    Engine,
+    RemoteEngine,
+    Upstream,
+    UpstreamModel,
+    UpstreamPool,
+    list_models,
+)
 from ..engines._threads import check_threads, default_threads
-from ..models import DEFAULT_ALIAS, resolve_and_fetch
+from ..models import DEFAULT_ALIAS, find_remote, resolve_and_fetch
+from ..models._catalog import NAME_PATTERN
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
@@ -129,6 +138,92 @@ class Runtime:
             options["reloadable"] = False
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
 
+    def add_remote(
+        self,
+        name: str,
+        upstreams: Sequence[Upstream],
+        *,
+        context_length: int = 0,
+        health_interval: float | None = 5.0,
+        backoff: float = 1.0,
+        info: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Model:
+        """Register a model served by OpenAI-compatible ``upstreams`` (vLLM, llama.cpp's
+        server, Ollama, another tokenbelt), routed by least outstanding requests.
+
+        The model's slots are the sum of the upstreams' ``max_concurrency``; beyond
+        them requests wait in the model's bounded admission queue. Stops, deadlines
+        and backpressure work as for a local model (see ``RemoteEngine``).
+        """
+        ups = list(upstreams)
+
+        def factory() -> list[Engine]:
+            pool = UpstreamPool(ups, backoff=backoff)
+            return [
+                RemoteEngine(
+                    pool, name=name, context_length=context_length, health_interval=health_interval
+                )
+            ]
+
+        details = {"remote": True, "upstreams": [u.url for u in ups], **(info or {})}
+        options.setdefault("keep_alive", None)  # nothing to free here while idle
+        return self._register(name, lambda: self._model(name, factory, info=details, **options))
+
+    def add_upstreams(
+        self,
+        urls: Sequence[str],
+        *,
+        api_key: str | None = None,
+        max_concurrency: int = 4,
+        **options: Any,
+    ) -> list[Model]:
+        """Serve every model that the servers at ``urls`` list, under their own names.
+
+        Blocking: asks each ``/v1/models`` once. A model listed by several upstreams is
+        routed between them. An upstream that does not answer now is logged and added
+        to every model (its health check takes it in once it answers); if none
+        answers, ``UpstreamUnavailable`` says why.
+        """
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        found: dict[str, list[UpstreamModel]] = {}
+        down: list[str] = []
+        errors: list[str] = []
+        for url in urls:
+            try:
+                listed = list_models(url, headers=headers)
+            except UpstreamUnavailable as exc:
+                down.append(url)
+                errors.append(str(exc))
+                continue
+            for m in listed:
+                found.setdefault(m.name, []).append(m)
+        if not found:
+            raise UpstreamUnavailable(
+                "no upstream listed a model: " + ("; ".join(errors) or "their lists are empty")
+            )
+        for error in errors:
+            logger.warning("%s; it starts ejected", error)
+        models = []
+        for name, listed in found.items():
+            ups = [
+                Upstream(
+                    m.url,
+                    name,
+                    api_key=api_key,
+                    max_concurrency=max_concurrency,
+                    tokenbelt=m.tokenbelt,
+                )
+                for m in listed
+            ]
+            ups += [
+                Upstream(u, name, api_key=api_key, max_concurrency=max_concurrency)
+                for u in down
+            ]  # fmt: skip
+            context = max(m.context_length for m in listed)
+            models.append(self.add_remote(name, ups, context_length=context, **options))
+        return models
+
     def _model(self, name: str, factory: Callable[[], Sequence[Engine]], **options: Any) -> Model:
         params: dict[str, Any] = {
             "queue_size": self.queue_size,
@@ -160,8 +255,14 @@ class Runtime:
         ``limits.load``) bounds the load: ``LoadTimeout`` when it passes. An unknown
         alias raises ``UnknownModel`` listing close matches; there is no fallback
         to another model. A path to a ``.gguf`` file loads that file. Loading an
-        alias that is already loaded returns the loaded model.
+        alias that is already loaded returns the loaded model. A remote entry of the
+        user catalog (``tokenbelt models add-remote``) is served by its upstreams
+        (``add_remote``).
         """
+        remote = find_remote(alias) if NAME_PATTERN.match(alias) else None
+        if remote is not None:
+            # A model served elsewhere: nothing to download or load here.
+            return self.add_remote(alias, remote.upstreams(), **options)
         n_slots = check_capacity(slots, name="slots") if slots is not None else self.slots
         timeout = load_timeout if load_timeout is not None else self.limits.load
         name = self.name_for(alias)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Header, Query
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -33,6 +33,12 @@ from ._state import ServerSettings, ServerState
 
 STATIC = Path(__file__).parent / "static"
 API = "openai"
+#: a caller's own request id (a front tokenbelt passes its id on to its upstream)
+_REQUEST_ID = Header(
+    None,
+    alias="x-request-id",
+    description="use this request id (letters, digits, ._:-, at most 64) if it is new",
+)
 
 
 def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
@@ -167,8 +173,13 @@ def create_app(
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def _submit(model: Model, body: _Sampling, request: GenerationRequest) -> Stream:
-        return (await path.submit(model, request, body.tokenbelt, api=API)).stream
+    async def _submit(
+        model: Model, body: _Sampling, request: GenerationRequest, request_id: str | None
+    ) -> Stream:
+        submitted = await path.submit(
+            model, request, body.tokenbelt, api=API, request_id=request_id
+        )
+        return submitted.stream
 
     async def _events(
         stream: Stream, model: str, obj: str, include_usage: bool, chat: bool
@@ -176,6 +187,7 @@ def create_app(
         base = {"id": stream.request_id, "object": obj, "created": int(time.time()), "model": model}
         first = True
         error: str | None = None
+        failed: BaseException | None = None
         try:
             async for piece in stream:
                 if chat:
@@ -197,6 +209,7 @@ def create_app(
                     },
                 }
         except Exception as exc:  # the engine failed: say so in the stream, then end it
+            failed = exc
             error = f"{type(exc).__name__}: {exc}"
         await stream.await_released(RELEASE_WAIT_S)
         reason = stream.end_reason or EndReason.RUNTIME_ERROR
@@ -206,8 +219,9 @@ def create_app(
         else:
             last["text"] = ""
         final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": tokenbelt_final(stream)}
-        if error is not None:
-            final["error"] = _errors.error_body(error, "server_error", "runtime_error")["error"]
+        if error is not None and failed is not None:
+            _status, type_, code = _errors.failure(failed)
+            final["error"] = _errors.error_body(error, type_, code)["error"]
         yield final
         if include_usage:
             yield {**base, "choices": [], "usage": stream.usage.to_dict()}
@@ -243,19 +257,23 @@ def create_app(
         return path.answer(stream, render, shape=_errors.openai_shape)
 
     @app.post("/v1/chat/completions", summary="Chat completion (streaming with stream=true)")
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(
+        body: ChatCompletionRequest, x_request_id: str | None = _REQUEST_ID
+    ) -> Response:
         model = state.model_for(body.model)
         request = GenerationRequest(
             messages=_messages(body), sampling=sampling_from(body.sampling())
         )
-        stream = await _submit(model, body, request)
+        stream = await _submit(model, body, request, x_request_id)
         return _respond(stream, body, model, chat=True)
 
     @app.post("/v1/completions", summary="Text completion from a raw prompt")
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(
+        body: CompletionRequest, x_request_id: str | None = _REQUEST_ID
+    ) -> Response:
         model = state.model_for(body.model)
         request = GenerationRequest(prompt=_prompt(body), sampling=sampling_from(body.sampling()))
-        stream = await _submit(model, body, request)
+        stream = await _submit(model, body, request, x_request_id)
         return _respond(stream, body, model, chat=False)
 
     @app.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")

@@ -25,6 +25,7 @@ from .._errors import (
     RuntimeClosed,
     TokenbeltError,
     UnknownModel,
+    UpstreamError,
 )
 
 
@@ -110,6 +111,19 @@ def response_for(
     if isinstance(exc, InvalidArgument):
         return answer(400, str(exc), "invalid_request_error", "invalid_value")
     return answer(500, str(exc), "server_error", "internal_error")
+
+
+def failure(exc: BaseException) -> tuple[int, str, str]:
+    """(status, type, code) for an engine's failure during generation.
+
+    An upstream's 4xx passes through with its status; any other upstream failure is a
+    502; anything else a 500.
+    """
+    if isinstance(exc, UpstreamError):
+        if exc.status is not None and 400 <= exc.status < 500:
+            return exc.status, "invalid_request_error", f"upstream_{exc.status}"
+        return 502, "upstream_error", "upstream_error"
+    return 500, "server_error", "runtime_error"
 
 
 def _describe(errors: list[Any]) -> str:

@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from ..belt import EndReason, TraceEvent, invariants
-from ..engines import BatchStatistics
+from ..engines import BatchStatistics, UpstreamStatistics
 from ..runtime import SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
@@ -41,10 +41,12 @@ class Metrics:
         self,
         stats: Callable[[], dict[str, SchedulerStatistics]],
         batches: Callable[[], dict[str, BatchStatistics]] = dict,
+        upstreams: Callable[[], dict[str, list[UpstreamStatistics]]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_BatchCollector(batches))
+        r.register(_UpstreamCollector(upstreams))
         self.queue_time = Histogram(
             "tokenbelt_queue_time_seconds",
             "Time from enqueue to admission.",
@@ -208,3 +210,45 @@ class _BatchCollector(Collector):
                 "Timeline invariants broken (checked with --check-invariants).",
                 value=invariants.count(),
             )
+
+
+class _UpstreamCollector(Collector):
+    """Remote engines' upstreams, read at scrape time: load, errors, ejections, TTFT."""
+
+    def __init__(self, upstreams: Callable[[], dict[str, list[UpstreamStatistics]]]) -> None:
+        self._upstreams = upstreams
+
+    def collect(
+        self,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
+        labels = ["model", "upstream"]
+        in_flight = GaugeMetricFamily(
+            "tokenbelt_upstream_in_flight", "Requests an upstream holds now.", labels=labels
+        )
+        ejected = GaugeMetricFamily(
+            "tokenbelt_upstream_ejected", "1 while an upstream is taken out.", labels=labels
+        )
+        requests = CounterMetricFamily(
+            "tokenbelt_upstream_requests", "Requests sent to an upstream.", labels=labels
+        )
+        errors = CounterMetricFamily(
+            "tokenbelt_upstream_errors", "Requests an upstream refused or failed.", labels=labels
+        )
+        ejections = CounterMetricFamily(
+            "tokenbelt_upstream_ejections", "Times an upstream was taken out.", labels=labels
+        )
+        ttft = SummaryMetricFamily(
+            "tokenbelt_upstream_time_to_first_token_seconds",
+            "Seconds from sending a request to an upstream to its first token.",
+            labels=labels,
+        )
+        for model, ups in self._upstreams().items():
+            for u in ups:
+                key = [model, u.url]
+                in_flight.add_metric(key, u.in_flight)
+                ejected.add_metric(key, 1 if u.ejected else 0)
+                requests.add_metric(key, u.requests)
+                errors.add_metric(key, u.errors)
+                ejections.add_metric(key, u.ejections)
+                ttft.add_metric(key, u.ttft_count, u.ttft_sum)
+        yield from (in_flight, ejected, requests, errors, ejections, ttft)

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
-from ._errors import ErrorShape, compact_json, error_response
+from ._errors import ErrorShape, compact_json, error_response, failure
 from ._responses import DeferredResponse, Encode, EventStreamResponse, disconnect, sse
 from ._schemas import TokenbeltOptions
 from ._state import ServerState
@@ -69,14 +69,16 @@ class RequestPath:
         options: TokenbeltOptions | None,
         *,
         api: str,
+        request_id: str | None = None,
     ) -> Submitted:
         """Queue ``request`` with the deadlines and capacity of ``options``.
 
         Blocks (off the event loop) only to reload a model unloaded for being idle and
         to count the prompt's tokens. Admission errors propagate to the error handlers.
+        ``request_id`` is the caller's own (``x-request-id``), used if well-formed and new.
         """
         settings = self.state.settings
-        request_id = new_request_id()
+        request_id = self.state.request_id_from(request_id) or new_request_id()
         self.state.metrics.label(request_id, api)
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
@@ -124,7 +126,8 @@ class RequestPath:
     ) -> Response:
         """A non-streaming answer, written once the engine has let go of the request.
 
-        The end decides the status: 500 for an engine failure, 504 for a deadline, 503
+        The end decides the status: 500 for an engine failure (an upstream's 4xx passes
+        through, any other upstream failure is 502), 504 for a deadline, 503
         for a shutdown (each in the API's error ``shape``, with the exact end reason and
         trace beside it); any other end is ``render(stream)`` with 200.
         """
@@ -147,7 +150,8 @@ class RequestPath:
             except Exception as exc:
                 await stream.await_released(RELEASE_WAIT_S)
                 head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
-                return failed(500, f"generation failed: {exc}", "server_error", "runtime_error")
+                status, type_, code = failure(exc)
+                return failed(status, f"generation failed: {exc}", type_, code)
             await stream.await_released(RELEASE_WAIT_S)
             head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
             reason = stream.end_reason or EndReason.RUNTIME_ERROR

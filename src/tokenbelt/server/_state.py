@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -12,12 +13,14 @@ from typing import Any
 
 from .._errors import ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
-from ..engines import BatchEngine
+from ..engines import BatchEngine, RemoteEngine
 from ..runtime import Model, Runtime, Stream
 from ._metrics import Metrics
 from ._schemas import TokenbeltOptions
 
 logger = logging.getLogger("tokenbelt.server")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,12 @@ class ServerState:
                 for name, m in runtime.models.items()
                 for e in m.engines
                 if isinstance(e, BatchEngine)
+            },
+            lambda: {
+                name: e.upstreams()
+                for name, m in runtime.models.items()
+                for e in m.engines
+                if isinstance(e, RemoteEngine)
             },
         )
         runtime.subscribe(self.metrics.observe)
@@ -184,6 +193,15 @@ class ServerState:
         )
 
     # -- requests ----------------------------------------------------------------------------
+
+    def request_id_from(self, given: str | None) -> str | None:
+        """A caller's request id if it is well-formed and new here, else None (a new one)."""
+        if given is None or not _REQUEST_ID.match(given):
+            return None
+        with self._lock:
+            if given in self._active or given in self._recent:
+                return None
+        return given
 
     def track(self, stream: Stream) -> None:
         with self._lock:

@@ -1,0 +1,529 @@
+"""The remote engine: a request's tokens come from an OpenAI-compatible upstream.
+
+One event-loop thread per engine serves every request with ``httpx.AsyncClient``:
+no thread per request. Each request is one task that
+
+- picks an upstream (``UpstreamPool``: least outstanding requests, ejection), always
+  asks it for a *streaming* answer (``stream_options.include_usage``), even for a
+  client that asked for one JSON body, so that a stop can end it at any point;
+- waits for room on the belt before it reads the next event from the socket: a
+  paused reader stops the reads, the kernel's receive buffer fills and TCP pushes
+  back on the upstream;
+- on any end (a stop, a deadline, shutdown) closes the upstream connection at once.
+  A ``user_cancel`` at a tokenbelt upstream first calls its cancel endpoint (one
+  round trip), so that the upstream records ``user_cancel`` too; any other stop just
+  closes the connection, which the upstream records as ``client_disconnect``. From a
+  tokenbelt upstream the engine then fetches that request's own trace (same request
+  id, passed in ``x-request-id``) and keeps it in ``trace.upstream``: the front's
+  release comes after the upstream's (or after ``UPSTREAM_RELEASE_WAIT_S``);
+- retries on another upstream when one refuses, answers 5xx or breaks off, but only
+  while no token has reached the belt.
+
+Memory per request is bounded by ``capacity`` pieces on the belt, one network read
+(at most 64 KiB, httpcore's read size), one unfinished event line (at most
+``MAX_EVENT_BYTES``) and the socket's receive buffer (``RECEIVE_BUFFER_BYTES``,
+which the kernel doubles): about 450 KiB plus the pieces, whatever the upstream does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from functools import partial
+
+import httpx
+
+from .._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
+from ..belt import EndReason, Producer
+from ._base import GenerationRequest
+from ._upstreams import UpstreamPool, UpstreamState, UpstreamStatistics
+from ._wire import (
+    error_message,
+    estimate_tokens,
+    event_data,
+    raise_for_status,
+    request_body,
+)
+
+logger = logging.getLogger("tokenbelt.engines.remote")
+
+#: SO_RCVBUF of every upstream connection: how much TCP buffers before it pushes back
+RECEIVE_BUFFER_BYTES = 64 * 1024
+#: how long the engine waits for a tokenbelt upstream's cancel answer and release
+UPSTREAM_RELEASE_WAIT_S = 1.0
+_FINISH = {"stop": EndReason.STOP, "length": EndReason.LENGTH}
+
+
+def _wake_threadsafe(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Set ``event`` from any thread (a belt's room callback runs on the reader's)."""
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+        loop.call_soon_threadsafe(event.set)
+
+
+@dataclass(eq=False)
+class _Job:
+    request: GenerationRequest
+    producer: Producer[str]
+    on_exit: Callable[[], None]
+    state: UpstreamState | None = None
+    upstream_id: str | None = None
+    produced: int = 0
+    fetch: asyncio.Task[EndReason] | None = None
+    cancelling: asyncio.Task[None] | None = None
+
+
+class RemoteEngine:
+    """A model served by one or more upstream OpenAI-compatible servers.
+
+    A batch-shaped engine: ``start(request, producer, on_exit)`` never blocks, and
+    up to ``slots`` requests (the sum of the upstreams' concurrency limits) run at
+    once on the engine's event loop. For each request the engine calls
+    ``producer.start()``, then ``finish``/``fail`` (or sees the stop), closes the
+    upstream stream, runs ``on_exit()`` and ``producer.release()``.
+    ``health_interval`` seconds apart (None: never) each upstream's ``/v1/models``
+    is asked whether it answers: an ejected upstream that does is back in at once.
+    """
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        *,
+        name: str,
+        context_length: int = 0,
+        health_interval: float | None = 5.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.pool = pool
+        self.name = name
+        self.context_length = context_length
+        self.slots = pool.slots
+        self.health_interval = health_interval
+        self._jobs: set[_Job] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        transport = httpx.AsyncHTTPTransport(
+            socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)],
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=self.slots),
+        )
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=30.0, pool=None),
+            headers={"accept-encoding": "identity"},
+        )
+        self._health: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"tokenbelt-remote-{name}", daemon=True
+        )
+        self._thread.start()
+        if health_interval is not None:
+            asyncio.run_coroutine_threadsafe(self._start_health(health_interval), self._loop)
+
+    # -- the engine interface -----------------------------------------------------------------
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """An estimate (the upstream's usage replaces it); a prompt too long for the
+        upstream's context comes back as the upstream's own 400."""
+        if request.prompt is not None:
+            return estimate_tokens(request.prompt)
+        return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))
+
+    def start(
+        self,
+        request: GenerationRequest,
+        producer: Producer[str],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Hand a request to the engine's loop; never blocks."""
+        job = _Job(request, producer, on_exit or (lambda: None))
+        with self._lock:
+            if self._closed:
+                raise IllegalState("the engine is closed")
+            if len(self._jobs) >= self.slots:
+                raise IllegalState(f"all {self.slots} upstream slots are in use")
+            self._jobs.add(job)
+        self._loop.call_soon_threadsafe(self._spawn, job)
+
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
+        """Blocking: one request, for a caller that wraps the engine in ``belt.produce``."""
+        from ._batch import _Caller
+
+        caller = _Caller(producer)
+        self.start(request, caller)
+        caller.done.wait()
+        if caller.error is not None:
+            raise caller.error
+        if caller.reason is not None:
+            return caller.reason
+        raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+
+    def upstreams(self) -> list[UpstreamStatistics]:
+        """A snapshot of every upstream's counters (any thread)."""
+        return self.pool.statistics()
+
+    # -- one request --------------------------------------------------------------------------
+
+    def _spawn(self, job: _Job) -> None:
+        task = self._loop.create_task(self._run(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, job: _Job) -> None:
+        p = job.producer
+        loop = asyncio.get_running_loop()
+        try:
+            p.start()
+            job.fetch = loop.create_task(self._fetch(job))
+
+            def on_cancel(reason: EndReason) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nothing to stop
+                    loop.call_soon_threadsafe(self._stop, job, reason)
+
+            p.on_cancel(on_cancel)
+            await asyncio.wait({job.fetch})
+            self._record_end(job, job.fetch)
+            await self._fetch_upstream_trace(job)
+        except BaseException:
+            # This task itself was cancelled (the loop shuts down): the request too.
+            if job.fetch is not None:
+                job.fetch.cancel()
+            p.cancel(EndReason.SHUTDOWN)
+            raise
+        finally:
+            with self._lock:
+                self._jobs.discard(job)
+            try:
+                job.on_exit()
+            finally:
+                p.release()
+
+    @staticmethod
+    def _record_end(job: _Job, fetch: asyncio.Task[EndReason]) -> None:
+        p = job.producer
+        if fetch.cancelled():
+            # A stop (the belt holds its reason already), or the loop shutting down.
+            p.cancel(EndReason.SHUTDOWN)
+            return
+        error = fetch.exception()
+        if error is None:
+            p.finish(fetch.result())
+        elif not isinstance(error, Cancelled):
+            p.fail(error)
+
+    def _stop(self, job: _Job, reason: EndReason) -> None:
+        """On the loop, for a stop: end the fetch, whose exit closes the upstream stream.
+
+        A ``user_cancel`` at a tokenbelt upstream is sent first: httpcore closes the
+        connection at once when a read is cancelled, and the upstream would record a
+        ``client_disconnect`` instead.
+        """
+        fetch = job.fetch
+        if fetch is None or fetch.done():
+            return
+        cancelling = self._upstream_cancel(job)
+        if cancelling is None:
+            fetch.cancel()
+        else:
+            cancelling.add_done_callback(lambda _task: fetch.cancel())
+
+    def _upstream_cancel(self, job: _Job) -> asyncio.Task[None] | None:
+        """The call to a tokenbelt upstream's cancel endpoint for a ``user_cancel``
+        (started once), or None when there is none to make."""
+        state = job.state
+        if job.producer.end_reason is not EndReason.USER_CANCEL or state is None:
+            return None
+        if not state.tokenbelt:
+            return None
+        if job.cancelling is None:
+            job.cancelling = self._loop.create_task(self._cancel_at(job, state))
+            self._tasks.add(job.cancelling)
+            job.cancelling.add_done_callback(self._tasks.discard)
+        return job.cancelling
+
+    async def _cancel_at(self, job: _Job, state: UpstreamState) -> None:
+        request_id = job.upstream_id or job.producer.trace.request_id
+        try:
+            answer = await self._client.post(
+                f"{state.upstream.url}/v1/requests/{request_id}/cancel",
+                headers=self._headers(state),
+                timeout=UPSTREAM_RELEASE_WAIT_S,
+            )
+            logger.debug("cancel at %s: %s", state.upstream.url, answer.text)
+        except httpx.HTTPError as exc:
+            logger.info("cancel at %s failed: %s", state.upstream.url, exc)
+
+    async def _close_upstream(
+        self, job: _Job, response: httpx.Response, events: AsyncGenerator[str, None]
+    ) -> None:
+        """Close the upstream stream, after the upstream's own cancel if there is one."""
+        try:
+            cancelling = self._upstream_cancel(job)
+            if cancelling is not None:
+                await cancelling
+        finally:
+            try:
+                await events.aclose()
+            finally:
+                await response.aclose()
+
+    async def _fetch_upstream_trace(self, job: _Job) -> None:
+        """From a tokenbelt upstream: its trace of this request, once it has released."""
+        state, info = job.state, job.producer.trace.upstream
+        if state is None or not state.tokenbelt or info is None:
+            return
+        if info.get("trace", {}).get("timeline_ms", {}).get("released") is not None:
+            return
+        request_id = info.get("request_id") or job.producer.trace.request_id
+        url = f"{state.upstream.url}/v1/requests/{request_id}"
+        deadline = time.monotonic() + UPSTREAM_RELEASE_WAIT_S
+        pause = 0.002
+        while time.monotonic() < deadline:
+            try:
+                answer = await self._client.get(url, headers=self._headers(state), timeout=0.5)
+                trace = answer.json() if answer.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return
+            if isinstance(trace, dict):
+                # A new dict, never a change to the one others may be serialising.
+                info = {**info, "trace": trace}
+                job.producer.trace.upstream = info
+                if trace.get("timeline_ms", {}).get("released") is not None:
+                    return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    # -- talking to upstreams ------------------------------------------------------------------
+
+    async def _fetch(self, job: _Job) -> EndReason:
+        """Try upstreams until one streams the answer; retry only before the first token."""
+        tried: list[UpstreamState] = []
+        while True:
+            state = await self.pool.acquire(tried)
+            job.state = state
+            try:
+                return await self._attempt(job, state)
+            except UpstreamUnavailable as exc:
+                self.pool.failed(state, str(exc))
+                self.pool.eject(state, str(exc))
+                if job.produced:
+                    raise
+                tried.append(state)
+                logger.info("retrying %s elsewhere: %s", job.producer.trace.request_id, exc)
+            except UpstreamError as exc:
+                self.pool.failed(state, str(exc))
+                raise
+            finally:
+                self.pool.release(state)
+
+    @staticmethod
+    def _headers(state: UpstreamState) -> dict[str, str]:
+        u = state.upstream
+        headers = dict(u.headers)
+        if u.api_key:
+            headers["authorization"] = f"Bearer {u.api_key}"
+        return headers
+
+    async def _attempt(self, job: _Job, state: UpstreamState) -> EndReason:
+        u = state.upstream
+        chat = job.request.messages is not None
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        headers = self._headers(state)
+        if state.tokenbelt:  # the same id on both sides (llama.cpp's server wants a UUID)
+            headers["x-request-id"] = job.producer.trace.request_id
+        sent = time.monotonic()
+        request = self._client.build_request(
+            "POST", u.url + path, json=request_body(job.request, u.model), headers=headers
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+            # Held here until the close: an event reader dropped earlier would be
+            # finalised by the loop, closing the connection before a cancel is sent.
+            events = event_data(response)
+            try:
+                if response.status_code >= 400:
+                    await raise_for_status(response, u.url)
+                job.upstream_id = response.headers.get("x-request-id")
+                job.producer.trace.upstream = {
+                    "url": u.url,
+                    "model": u.model,
+                    "request_id": job.upstream_id,
+                }
+                return await self._relay(job, state, events, chat, sent)
+            finally:
+                # Shielded: a stop that lands while the stream is being closed must not
+                # interrupt the close, or the connection would stay open, and the
+                # upstream would go on generating for nobody.
+                closing = self._loop.create_task(self._close_upstream(job, response, events))
+                self._tasks.add(closing)
+                closing.add_done_callback(self._tasks.discard)
+                await asyncio.shield(closing)
+        except httpx.ConnectError as exc:
+            raise UpstreamUnavailable(f"upstream {u.url} refused the connection ({exc})") from exc
+        except httpx.TimeoutException as exc:
+            raise UpstreamUnavailable(f"upstream {u.url} did not answer in time ({exc})") from exc
+        except httpx.TransportError as exc:
+            what = type(exc).__name__
+            raise UpstreamUnavailable(
+                f"the connection to upstream {u.url} broke off ({what}: {exc})"
+            ) from exc
+
+    @staticmethod
+    async def _drain(events: AsyncGenerator[str, None]) -> None:
+        """Read the end of a finished body, so that its connection serves the next request
+        (one left unread is closed); an upstream that keeps it open gets a second."""
+        with contextlib.suppress(TimeoutError, httpx.HTTPError, UpstreamError):
+            async with asyncio.timeout(1.0):
+                async for _ in events:
+                    pass
+
+    async def _room(self, producer: Producer[str]) -> None:
+        """Wait for room on the belt (the read pauses meanwhile); raise once it ended."""
+        loop = asyncio.get_running_loop()
+        while not producer.has_room():
+            producer.checkpoint()
+            woken = asyncio.Event()
+            if producer.on_room(partial(_wake_threadsafe, loop, woken)):
+                await woken.wait()
+
+    async def _relay(
+        self,
+        job: _Job,
+        state: UpstreamState,
+        events: AsyncGenerator[str, None],
+        chat: bool,
+        sent: float,
+    ) -> EndReason:
+        """Events to belt pieces; returns the natural end, raises on an upstream error."""
+        p = job.producer
+        url = state.upstream.url
+        finish: str | None = None
+        upstream_reason: str | None = None
+        completion: int | None = None
+        async for data in events:
+            if data == "[DONE]":
+                if state.tokenbelt:
+                    # Only a tokenbelt upstream's connection is kept for the next request:
+                    # llama-cpp-python's server took a stream on a reused connection for a
+                    # disconnect, and a new connection costs one round trip.
+                    await self._drain(events)
+                break
+            try:
+                event = json.loads(data)
+            except ValueError:
+                event = None
+            if not isinstance(event, dict):
+                raise UpstreamError(f"upstream {url} sent a malformed event: {data[:80]!r}")
+            if event.get("error"):
+                raise UpstreamError(f"upstream {url} failed: {error_message(event)}")
+            extension = event.get("tokenbelt")
+            if isinstance(extension, dict):
+                state.tokenbelt = True
+                if isinstance(extension.get("end_reason"), str):
+                    upstream_reason = extension["end_reason"]
+                if isinstance(extension.get("trace"), dict) and p.trace.upstream is not None:
+                    p.trace.upstream = {**p.trace.upstream, "trace": extension["trace"]}
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                if isinstance(usage.get("prompt_tokens"), int):
+                    p.count_prompt(usage["prompt_tokens"])
+                if isinstance(usage.get("completion_tokens"), int):
+                    completion = usage["completion_tokens"]
+            for choice in event.get("choices") or ():
+                if not isinstance(choice, dict):
+                    continue
+                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                if isinstance(piece, str) and piece:
+                    await self._room(p)
+                    if not job.produced:
+                        self.pool.succeeded(state, time.monotonic() - sent)
+                    job.produced += 1
+                    p.count_token()
+                    p.put_nowait(piece)
+                if choice.get("finish_reason"):
+                    finish = str(choice["finish_reason"])
+        if finish is None:
+            raise UpstreamUnavailable(f"upstream {url} closed the stream before its end")
+        if completion is not None:
+            p.trace.completion_tokens = completion
+        if not job.produced:
+            self.pool.succeeded(state, None)
+        reason = _FINISH.get(finish)
+        if reason is None:
+            raise UpstreamError(f"upstream {url} ended the request: {upstream_reason or finish}")
+        return reason
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def _start_health(self, interval: float) -> None:
+        self._health = asyncio.get_running_loop().create_task(self._check_health(interval))
+
+    async def check(self, state: UpstreamState) -> bool:
+        """Ask one upstream's ``/v1/models``; True when it answers 200 (on the loop)."""
+        try:
+            # Its own connection, closed after: never one a request would reuse.
+            answer = await self._client.get(
+                f"{state.upstream.url}/v1/models",
+                headers={**self._headers(state), "connection": "close"},
+                timeout=2.0,
+            )
+        except httpx.TimeoutException as exc:
+            # Slow, not down: an upstream busy with requests of ours may answer late (one
+            # that serves one request at a time answers after it); those requests say
+            # whether it works. An idle one that does not answer is taken out.
+            if state.in_flight == 0:
+                self.pool.eject(state, f"health check: {type(exc).__name__}")
+            return False
+        except httpx.HTTPError as exc:
+            self.pool.eject(state, f"health check: {type(exc).__name__}: {exc}")
+            return False
+        if answer.status_code != 200:
+            self.pool.eject(state, f"health check: status {answer.status_code}")
+            return False
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            data = answer.json().get("data") or []
+            state.tokenbelt = state.tokenbelt or any(
+                isinstance(m, dict) and isinstance(m.get("tokenbelt"), dict) for m in data
+            )
+        self.pool.readmit(state)
+        return True
+
+    async def _check_health(self, interval: float) -> None:
+        while True:
+            await asyncio.gather(*(self.check(s) for s in self.pool.states))
+            await asyncio.sleep(interval)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.producer.cancel(EndReason.SHUTDOWN)
+        if self._health is not None:
+            self._health.cancel()
+        pending = set(self._tasks) | ({self._health} if self._health else set())
+        if pending:
+            await asyncio.wait(pending, timeout=10.0)
+        await self._client.aclose()
+
+    def close(self) -> None:
+        """Stop every request (``shutdown``), close the connections, end the loop thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(30.0)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()

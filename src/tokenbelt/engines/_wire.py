@@ -1,0 +1,108 @@
+"""The OpenAI wire format, as the remote engine speaks it: request bodies, event streams,
+error bodies."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+
+from .._errors import UpstreamError, UpstreamUnavailable
+from ._base import GenerationRequest
+
+#: the longest event line an upstream may send (a longer one is an error)
+MAX_EVENT_BYTES = 256 * 1024
+#: the most an error body from an upstream is read
+ERROR_BODY_BYTES = 16 * 1024
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count (4 characters a token) for when the upstream gives no usage."""
+    return math.ceil(len(text) / 4)
+
+
+def error_message(body: object) -> str:
+    """The message of an OpenAI-shaped error body (or the body itself, shortened)."""
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("detail"), str):
+            return str(body["detail"])
+    text = body if isinstance(body, str) else json.dumps(body)
+    return text[:500]
+
+
+async def event_data(response: httpx.Response) -> AsyncGenerator[str, None]:
+    """The ``data:`` payloads of an event stream, one network read at a time.
+
+    Nothing is read ahead of the caller: while it waits (for room on the belt), the
+    socket is not read and TCP pushes back on the upstream.
+    """
+    buf = bytearray()
+    async for chunk in response.aiter_bytes():
+        buf += chunk
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            line = bytes(buf[start:end]).rstrip(b"\r")
+            start = end + 1
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode("utf-8", "replace")
+        del buf[:start]
+        if len(buf) > MAX_EVENT_BYTES:
+            raise UpstreamError(f"an event line longer than {MAX_EVENT_BYTES} bytes")
+
+
+def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
+    """A streaming request with usage, whatever the client asked (a stream can be stopped).
+
+    ``top_k``, ``min_p`` and ``repeat_penalty`` go along: llama.cpp's server and tokenbelt
+    take them, vLLM takes the first two, and OpenAI-compatible servers ignore fields
+    they do not know.
+    """
+    s = request.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repeat_penalty,
+    }
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if request.messages is not None:
+        body["messages"] = [dict(m) for m in request.messages]
+    else:
+        body["prompt"] = request.prompt
+    return body
+
+
+async def raise_for_status(response: httpx.Response, url: str) -> None:
+    """Raise the upstream's error answer as ``UpstreamError`` (5xx: ``UpstreamUnavailable``)."""
+    data = bytearray()
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) >= ERROR_BODY_BYTES:
+            break
+    text = data.decode("utf-8", "replace")
+    try:
+        message = error_message(json.loads(text))
+    except ValueError:
+        message = text[:500]
+    status = response.status_code
+    if not message:
+        message = f"upstream {url} answered {status} {response.reason_phrase}"
+    if status >= 500:
+        raise UpstreamUnavailable(f"upstream {url} answered {status}: {message}", status=status)
+    raise UpstreamError(message, status=status)
