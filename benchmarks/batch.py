@@ -214,15 +214,22 @@ def peer(tokens: int, threads: int) -> float | None:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path())]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads)]
+    # By default a new request cuts the running stream short: four at once would be
+    # four interruptions, not four streams. This way it serves them one after another.
+    cmd += ["--n_threads_batch", str(threads), "--interrupt_requests", "False"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
+            if proc.poll() is not None:
+                return None  # it could not start (a dependency of its own is missing)
             try:
                 if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
+        else:
+            return None
         counts = [0] * 4
 
         def one(i: int) -> None:
