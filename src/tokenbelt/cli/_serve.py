@@ -62,12 +62,13 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=[],
         metavar="URL",
         help="serve every model this OpenAI-compatible server lists (vLLM, llama.cpp's "
-        "server, Ollama, tokenbelt); repeat it to route between several",
+        "server, Ollama, tokenbelt); repeat it to route between several (default: none, "
+        "the local model only)",
     )
     p.add_argument(
         "--upstream-api-key-env",
         metavar="VAR",
-        help="environment variable holding the upstreams' API key",
+        help="environment variable holding the upstreams' API key (default: none sent)",
     )
     p.add_argument(
         "--upstream-concurrency",
