@@ -13,8 +13,9 @@ Side by side in one process, on the embedded default model, greedy, same prompt:
   tokenbelt's defaults (adaptive, see ``engines/_threads.py``).
 
 Both rates are total tokens over wall time from the first call to the last token, so
-prefill counts on both sides alike. Runs alternate bare/tokenbelt, ``--rounds`` pairs per
-B; medians are reported. Then, with four streams:
+prefill counts on both sides alike. Each side runs in a process of its own (one OpenMP
+team per process, as in real use: see ``_side``); rounds alternate bare/tokenbelt,
+``--rounds`` pairs; medians are reported. Then, with four streams:
 
 - ``cancel_release_in_batch_p95_ms``: one of four running streams is cancelled at a random
   point; trace cancel-to-release (target: one batched step + 5 ms);
@@ -45,11 +46,12 @@ import itertools
 import json
 import random
 import statistics
+import subprocess
 import threading
 import time
 from typing import Any
 
-from tokenbelt import GenerationRequest, Runtime
+from tokenbelt import Runtime
 from tokenbelt.engines import BatchEngine, Message
 from tokenbelt.engines._threads import usable_cores
 from tokenbelt.models import default_model_path
@@ -251,52 +253,89 @@ def peer(tokens: int, threads: int) -> float | None:
         proc.wait(10)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    rng = random.Random(7)
+def side_bare(tokens: int) -> dict[str, Any]:
+    """One round of the bare loop at every size, each at its best thread count."""
     path = str(default_model_path())
-    out: dict[str, Any] = {"tokens": args.tokens, "rounds": args.rounds}
+    out: dict[str, Any] = {}
     for b in SIZES:
         bare = Bare(path, b, 2048)
+        prompt = list(bare.model.tokenize(_chat_prompt(bare.model).encode(), False, True))
+        threads = best_threads(bare, prompt, b, tokens)
+        made, seconds = bare.run(prompt, b, tokens, threads)
+        out[str(b)] = {"tok_s": made / seconds, "threads": threads}
+        bare.close()
+    return out
+
+
+def side_tokenbelt(tokens: int) -> dict[str, Any]:
+    """One round of tokenbelt's SDK streams at every size (default thread counts)."""
+    path = str(default_model_path())
+    out: dict[str, Any] = {}
+    for b in SIZES:
         with Runtime(slots=b, keep_alive=None, n_ctx=2048) as rt:
             model = rt.load(path)
+            tokenbelt_run(model, b, 16)  # warm up: page the weights in, let the tuner look
+            made, seconds = tokenbelt_run(model, b, tokens)
             engine = model.engines[0]
             assert isinstance(engine, BatchEngine)
-            prompt = engine.tokenize_request(GenerationRequest.chat(SEA))
-            threads = best_threads(bare, prompt, b, args.tokens)
-            tokenbelt_run(model, b, 8)  # warm up the engine and its thread tuner
-            bare_rates, ours = [], []
-            for i in range(args.rounds):
-                pair = [("bare", None), ("ours", None)]
-                if i % 2:
-                    pair.reverse()
-                for side, _ in pair:
-                    if side == "bare":
-                        made, seconds = bare.run(prompt, b, args.tokens, threads)
-                        bare_rates.append(made / seconds)
-                    else:
-                        made, seconds = tokenbelt_run(model, b, args.tokens)
-                        ours.append(made / seconds)
-            out[f"bare_tok_s_{b}"] = round(statistics.median(bare_rates), 1)
-            out[f"tokenbelt_tok_s_{b}"] = round(statistics.median(ours), 1)
-            out[f"threads_bare_{b}"] = threads
-            if b == 4:
-                before = engine.statistics()
-                started = time.perf_counter()
-                tokenbelt_run(model, 4, args.tokens)
-                after = engine.statistics()
-                steps = after.steps - before.steps
-                out["step_ms_4"] = round((time.perf_counter() - started) * 1000 / steps, 2)
-                cancels = sorted(cancels_in_batch(model, args.cancels, rng))
-                out["cancel_release_in_batch_p95_ms"] = round(
-                    cancels[min(len(cancels) - 1, int(0.95 * len(cancels)))], 2
-                )
-                out["cancel_release_in_batch_max_ms"] = round(cancels[-1], 2)
-                gap, prefill = gap_during_prefill(model)
-                out["max_gap_during_prefill_ms"] = round(gap, 1)
-                out["long_prefill_ms"] = round(prefill, 1)
-                out["prefill_chunk"] = engine.prefill_chunk
-                out["threads"] = engine.threads
-        bare.close()
+            out[str(b)] = {"tok_s": made / seconds, "threads": engine.threads}
+    return out
+
+
+def _chat_prompt(model: Any) -> str:
+    from tokenbelt.engines._llama import chat_formatter
+
+    result = chat_formatter(model)(messages=SEA)
+    return str(result.prompt)
+
+
+def _side(side: str, tokens: int) -> dict[str, Any]:
+    """One side's round in a process of its own.
+
+    llama.cpp's OpenMP threads form one team per calling thread; with two teams in one
+    process (the bare loop's caller and the engine's loop thread) libgomp counts more
+    threads than cores and stops spinning at its barriers, which slows single-token
+    steps of both sides by half. Apart, each side runs as it would alone.
+    """
+    cmd = [sys.executable, __file__, "--side", side, "--tokens", str(tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(7)
+    out: dict[str, Any] = {"tokens": args.tokens, "rounds": args.rounds}
+    rounds: dict[str, list[dict[str, Any]]] = {"bare": [], "tokenbelt": []}
+    for i in range(args.rounds):
+        order = ["bare", "tokenbelt"] if i % 2 == 0 else ["tokenbelt", "bare"]
+        for side in order:
+            rounds[side].append(_side(side, args.tokens))
+    for b in SIZES:
+        for side in ("bare", "tokenbelt"):
+            rates = [r[str(b)]["tok_s"] for r in rounds[side]]
+            out[f"{side}_tok_s_{b}"] = round(statistics.median(rates), 1)
+            out[f"threads_{side}_{b}"] = rounds[side][-1][str(b)]["threads"]
+    with Runtime(slots=4, keep_alive=None, n_ctx=2048) as rt:
+        model = rt.load(str(default_model_path()))
+        engine = model.engines[0]
+        assert isinstance(engine, BatchEngine)
+        tokenbelt_run(model, 4, 16)
+        before = engine.statistics()
+        started = time.perf_counter()
+        tokenbelt_run(model, 4, args.tokens)
+        steps = engine.statistics().steps - before.steps
+        out["step_ms_4"] = round((time.perf_counter() - started) * 1000 / steps, 2)
+        cancels = sorted(cancels_in_batch(model, args.cancels, rng))
+        out["cancel_release_in_batch_p95_ms"] = round(
+            cancels[min(len(cancels) - 1, int(0.95 * len(cancels)))], 2
+        )
+        out["cancel_release_in_batch_max_ms"] = round(cancels[-1], 2)
+        gap, prefill = gap_during_prefill(model)
+        out["max_gap_during_prefill_ms"] = round(gap, 1)
+        out["long_prefill_ms"] = round(prefill, 1)
+        out["prefill_chunk"] = engine.prefill_chunk
+        out["threads"] = engine.threads
     out["batch_ratio_4"] = round(out["tokenbelt_tok_s_4"] / out["bare_tok_s_4"], 3)
     out["batch_ratio_1"] = round(out["tokenbelt_tok_s_1"] / out["bare_tok_s_1"], 3)
     out["speedup_4"] = round(out["tokenbelt_tok_s_4"] / out["tokenbelt_tok_s_1"], 3)
@@ -308,9 +347,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(r: dict[str, Any]) -> None:
     print(f"{'streams':>8} {'bare tok/s':>11} {'tokenbelt tok/s':>16} {'ratio':>6} {'threads':>8}")
+    # threads: the bare loop's best count / the count tokenbelt's tuner ended with
     for b in SIZES:
         bare, ours = r[f"bare_tok_s_{b}"], r[f"tokenbelt_tok_s_{b}"]
-        print(f"{b:>8} {bare:>11} {ours:>16} {ours / bare:>6.3f} {r[f'threads_bare_{b}']:>8}")
+        threads = f"{r[f'threads_bare_{b}']}/{r[f'threads_tokenbelt_{b}']}"
+        print(f"{b:>8} {bare:>11} {ours:>16} {ours / bare:>6.3f} {threads:>8}")
     for key in (
         "batch_ratio_4",
         "speedup_4",
@@ -334,7 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-peer", dest="peer", action="store_false", help="skip llama_cpp.server"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--side", choices=["bare", "tokenbelt"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.side is not None:  # one side's round, in a process of its own (see _side)
+        side = side_bare if args.side == "bare" else side_tokenbelt
+        print(json.dumps(side(args.tokens)))
+        return 0
     if args.rounds < 1 or args.tokens < 2 or args.cancels < 1:
         parser.error("--rounds and --cancels must be >= 1, --tokens >= 2")
     result = run(args)
