@@ -40,11 +40,13 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.metadata
 import json
 import math
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -156,19 +158,44 @@ def bare_llama(threads: int) -> Any:
     )
 
 
-def best_bare_threads(
-    prompt: list[int], sampling: SamplingParams
-) -> tuple[Any, int, dict[int, float]]:
+def best_bare_threads(tokens: int) -> tuple[int, dict[int, float]]:
     """The bare loop's best thread count on this machine (every count from 1 to the cores)."""
     rates: dict[int, float] = {}
     for threads in range(1, usable_cores() + 1):
-        llm = bare_llama(threads)
         rates[threads] = statistics.median(
-            decode_bare(llm, prompt, sampling, 64).tok_s for _ in range(2)
+            bare_in_a_process(threads, min(tokens, 64)).tok_s for _ in range(2)
         )
+    return max(rates, key=rates.__getitem__), rates
+
+
+def bare_in_a_process(threads: int, tokens: int) -> DecodeRun:
+    """``decode_bare`` in a process of its own.
+
+    llama.cpp's OpenMP threads form one team per calling thread; a bare loop on this
+    process's main thread beside the engine's loop thread would make two teams, more
+    threads than cores, and libgomp then stops spinning at its barriers, which halves
+    single-token decoding on both sides. Apart, each runs as it would alone.
+    """
+    cmd = [sys.executable, __file__, "--bare", str(threads), "--tokens", str(tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return DecodeRun(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def bare_main(threads: int, tokens: int) -> None:
+    """The ``--bare`` mode: one bare decode run, printed as JSON."""
+    request = GenerationRequest.chat(
+        [{"role": "user", "content": DECODE_PROMPT}], _sampling(tokens)
+    )
+    llm = bare_llama(threads)
+    try:
+        from tokenbelt.engines._llama import chat_formatter, prompt_tokens
+
+        prompt = prompt_tokens(llm._model, chat_formatter(llm._model), request, "bare")
+        decode_bare(llm, prompt, request.sampling, tokens)  # warm-up
+        run = decode_bare(llm, prompt, request.sampling, tokens)
+    finally:
         llm.close()
-    best = max(rates, key=rates.__getitem__)
-    return bare_llama(best), best, rates
+    print(json.dumps(dataclasses.asdict(run)))
 
 
 def decode_bare(llm: Any, prompt: list[int], s: SamplingParams, tokens: int) -> DecodeRun:
@@ -299,13 +326,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = BatchEngine(
         default_model_path(), slots=1, n_ctx=4096, n_threads=args.threads, cache_entries=0
     )
-    llm = None
     try:
         request = GenerationRequest.chat(
             [{"role": "user", "content": DECODE_PROMPT}], _sampling(args.tokens)
         )
-        prompt = engine.tokenize_request(request)
-        llm, bare_threads, bare_sweep = best_bare_threads(prompt, request.sampling)
+        bare_threads, bare_sweep = best_bare_threads(args.tokens)
         # warm-up: page in the weights, size the buffers; and how many tokens to count
         tokens = decode_engine(engine, request).tokens
         bare_runs: list[DecodeRun] = []
@@ -313,9 +338,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.runs):
             if i % 2 == 0:
                 engine_runs.append(decode_engine(engine, request))
-                bare_runs.append(decode_bare(llm, prompt, request.sampling, tokens))
+                bare_runs.append(bare_in_a_process(bare_threads, tokens))
             else:
-                bare_runs.append(decode_bare(llm, prompt, request.sampling, tokens))
+                bare_runs.append(bare_in_a_process(bare_threads, tokens))
                 engine_runs.append(decode_engine(engine, request))
         bare = statistics.median(r.tok_s for r in bare_runs)
         eng = statistics.median(r.tok_s for r in engine_runs)
@@ -332,8 +357,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gaps = heartbeat(engine, args.heartbeat)
     finally:
         engine.close()
-        if llm is not None:
-            llm.close()
 
     pairs = [e.tok_s / b.tok_s for e, b in zip(engine_runs, bare_runs, strict=True)]
     decode_release = [o.cancel_to_release_ms for o in decode_cancels]
@@ -452,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=None, help="fix the engine's threads (default: adaptive)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # see bare_in_a_process
     args = parser.parse_args(argv)
+    if args.bare is not None:
+        bare_main(args.bare, args.tokens)
+        return 0
     if args.runs < 1 or args.cancels < 1 or args.prefill_cancels < 1:
         parser.error("--runs, --cancels and --prefill-cancels must be >= 1")
     if not 2 <= args.tokens <= 1024:
