@@ -382,11 +382,10 @@ class Belt(Generic[T]):
         with self._lock:
             if self._reason is not None:
                 return False
-            if len(self._items) < self.capacity and self._check_deadlines_locked()[0] is None:
-                return True
-            expired = self._check_deadlines_locked()[0]
-        if expired is not None:
-            self.cancel(expired)
+            expired, _ = self._check_deadlines_locked()
+            if expired is None:
+                return len(self._items) < self.capacity
+        self.cancel(expired)
         return False
 
     def on_room(self, callback: Callable[[], None]) -> bool:

@@ -43,10 +43,6 @@ class DeadlineTimer:
         )
         self._thread.start()
 
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._heap)
-
     def schedule(self, belt: Belt[Any], when: float) -> None:
         """Look at ``belt`` at monotonic time ``when`` (it cancels itself if expired)."""
         with self._cond:

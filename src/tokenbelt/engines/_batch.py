@@ -143,12 +143,11 @@ class _Seq:
 
 
 class _CacheEntry:
-    __slots__ = ("id", "tokens", "used")
+    __slots__ = ("id", "tokens")
 
-    def __init__(self, seq_id: int, tokens: list[int], used: float) -> None:
+    def __init__(self, seq_id: int, tokens: list[int]) -> None:
         self.id = seq_id
         self.tokens = tokens
-        self.used = used
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -254,7 +253,6 @@ class BatchEngine:
         self._started = 0
         self._wake = False
         self._closed = False
-        self._broken: BaseException | None = None
         self._steps = 0
         self._seqs_stepped = 0
         self._tokens_stepped = 0
@@ -370,14 +368,17 @@ class BatchEngine:
     # -- the loop ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        broken: BaseException | None = None
         try:
             while self._step_once():
                 pass
         except BaseException as exc:  # pragma: no cover - a bug in the loop itself
             logger.exception("the batch loop of %s failed", self.name)
-            self._broken = exc
+            broken = exc
         finally:
-            self._drain(self._broken)
+            with self._cond:
+                self._closed = True  # nothing serves the inbox any more: refuse new work
+            self._drain(broken)
 
     def _step_once(self) -> bool:
         """One step: admit, retire, build, decode, sample. False when closed and empty."""
@@ -437,22 +438,26 @@ class BatchEngine:
         return self._free_ids.pop()
 
     def _best_prefix(self, tokens: list[int], exclude: _Seq) -> tuple[int, int]:
-        """The longest usable cached prefix: (tokens, source sequence id)."""
-        best, source = 0, -1
+        """The longest usable cached prefix: (tokens, source sequence id).
+
+        A cache entry that serves moves to the end of ``_cache``, which is kept in order
+        of use: the first entry is always the least recently used.
+        """
+        best, source, hit = 0, -1, None
         limit = len(tokens) - 1  # at least one prompt token must be evaluated for logits
         for entry in self._cache:
             n = min(_common_prefix(entry.tokens, tokens), limit)
             if n > best:
-                best, source = n, entry.id
+                best, source, hit = n, entry.id, entry
         for seq in self._active:
             if seq is exclude or seq.id < 0 or seq.cancelled:
                 continue
             n = min(_common_prefix(seq.tokens[: seq.n_past], tokens), limit)
             if n > best:
-                best, source = n, seq.id
-        for entry in self._cache:
-            if entry.id == source:
-                entry.used = time.monotonic()
+                best, source, hit = n, seq.id, None
+        if hit is not None:
+            self._cache.remove(hit)
+            self._cache.append(hit)
         return best, source
 
     def _sampler(self, s: SamplingParams) -> Any:
@@ -663,8 +668,7 @@ class BatchEngine:
     # -- prefix cache ------------------------------------------------------------------------
 
     def _keep(self, seq_id: int, tokens: list[int]) -> None:
-        self._cache.append(_CacheEntry(seq_id, tokens, time.monotonic()))
-        self._cache.sort(key=lambda e: e.used)
+        self._cache.append(_CacheEntry(seq_id, tokens))  # the most recently used: last
         while len(self._cache) > self.cache_entries or (
             sum(len(e.tokens) for e in self._cache) > self.cache_tokens
         ):
@@ -725,11 +729,6 @@ class BatchEngine:
             else:
                 seq.producer.cancel(EndReason.SHUTDOWN)
             self._retire(seq, cache=False)
-
-    @property
-    def busy(self) -> bool:
-        with self._cond:
-            return self._started > 0
 
     def close(self) -> None:
         """Stop the loop (running requests end ``shutdown``), then free native memory."""
