@@ -301,3 +301,22 @@ def test_a_chat_reuses_its_previous_turn_through_the_prefix_cache(model: Model) 
     # message: all of the first prompt at least comes from the cache.
     assert second.usage.cached_tokens >= first.usage.prompt_tokens
     assert second.usage.cached_tokens < second.usage.prompt_tokens
+
+
+def test_a_prompt_is_templated_and_tokenized_once(
+    model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count before queueing (on the caller's thread) serves the admission too: the
+    loop every stream waits on does not tokenize the same prompt again."""
+    engine = engine_of(model)
+    calls: list[int] = []
+    tokenize = engine.tokenize_request
+
+    def counting(request: Any) -> list[int]:
+        calls.append(1)
+        return tokenize(request)
+
+    monkeypatch.setattr(engine, "tokenize_request", counting)
+    reply = model.stream(HELLO, max_tokens=2, **GREEDY).read()
+    assert reply.end_reason.is_natural
+    assert len(calls) == 1

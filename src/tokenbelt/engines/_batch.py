@@ -70,6 +70,8 @@ logger = logging.getLogger("tokenbelt.engines.batch")
 _PENALTY_LAST_N = 64
 #: at most this many other requests are named in one trace's ``batched_with``
 _MAX_PEERS = 32
+#: prompts tokenized by ``count_prompt_tokens`` and kept for their admission
+_MAX_TOKENIZED = 256
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,7 @@ class BatchEngine:
         self._prefix_tokens = 0
         self._last_peers: list[_Seq] = []
         self._drop_cache = False
+        self._tokenized: dict[int, tuple[GenerationRequest, list[int]]] = {}
         self._thread = threading.Thread(
             target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
         )
@@ -293,9 +296,25 @@ class BatchEngine:
             )
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
-        n = len(self.tokenize_request(request))
-        self._check_fits(n)
-        return n
+        """Tokenize on the caller's thread and keep the tokens for the loop's admission,
+        so the loop (which every running stream waits on) does not template and
+        tokenize the same prompt again."""
+        tokens = self.tokenize_request(request)
+        self._check_fits(len(tokens))
+        with self._cond:
+            # Keyed by identity, holding the request so its id cannot be reused; bounded,
+            # since a counted request may never be started (a full queue refuses it).
+            self._tokenized[id(request)] = (request, tokens)
+            while len(self._tokenized) > _MAX_TOKENIZED:
+                del self._tokenized[next(iter(self._tokenized))]
+        return len(tokens)
+
+    def _prompt_of(self, request: GenerationRequest) -> list[int]:
+        with self._cond:
+            kept = self._tokenized.pop(id(request), None)
+        if kept is not None and kept[0] is request:
+            return kept[1]
+        return self.tokenize_request(request)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -412,7 +431,7 @@ class BatchEngine:
         p = seq.producer
         p.start()
         try:
-            tokens = self.tokenize_request(seq.request)
+            tokens = self._prompt_of(seq.request)
             p.count_prompt(len(tokens))
             self._check_fits(len(tokens))
         except Exception as exc:
