@@ -24,6 +24,8 @@ Prefix cache: a sequence that ends naturally keeps its KV cells as a cache entry
 evicted first). A new request whose prompt shares a prefix with an entry or with a
 running sequence copies those cells (``llama_memory_seq_cp``, no compute) and
 evaluates only the rest; ``trace.cached_tokens`` says how many it reused.
+``cache_entries=0`` turns the cache off: every prompt is then computed in full, so
+identical prompts give identical greedy text whatever ran before or beside them.
 
 The KV cache is one unified buffer of ``slots * n_ctx + cache_tokens`` cells: each
 sequence may hold up to ``n_ctx`` tokens (prompt and reply), and shared prefixes
@@ -463,6 +465,8 @@ class BatchEngine:
         of use: the first entry is always the least recently used.
         """
         best, source, hit = 0, -1, None
+        if not self.cache_entries:
+            return best, source  # the prefix cache is off: every prompt is computed
         limit = len(tokens) - 1  # at least one prompt token must be evaluated for logits
         for entry in self._cache:
             n = min(_common_prefix(entry.tokens, tokens), limit)

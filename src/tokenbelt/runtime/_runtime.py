@@ -40,8 +40,11 @@ class Runtime:
     llama.cpp's decode and prompt thread counts (``None``: every core this process
     may use, for both). ``prefill_chunk`` is the most prompt tokens one batched step
     takes while other sequences decode (smaller: smoother running streams, slower
-    first token for a long new prompt). ``close()`` cancels everything with
-    ``shutdown``, waits for every release, then unloads.
+    first token for a long new prompt). ``prefix_cache=False`` computes every prompt in
+    full instead of reusing the KV cells of an earlier or running one with the same
+    start, so a prompt's arithmetic depends only on its batch, not on what ran before.
+    ``close()`` cancels everything with ``shutdown``, waits for every release, then
+    unloads.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class Runtime:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         prefill_chunk: int = 128,
+        prefix_cache: bool = True,
         observers: Sequence[Observer] = (),
     ) -> None:
         self.slots = check_capacity(slots, name="slots")
@@ -68,6 +72,7 @@ class Runtime:
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
         self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
+        self.prefix_cache = prefix_cache
         self._models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -288,6 +293,7 @@ class Runtime:
                     n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=info.get("n_gpu_layers", 0),
                     prefill_chunk=self.prefill_chunk,
+                    cache_entries=8 if self.prefix_cache else 0,
                     name=name,
                 )
             ]
