@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from browsing import open_chat_page
 from serving import serve_default_model
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -55,18 +56,7 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser, server_url: str) -> Iterator[Page]:
     """A fresh page on the chat, with a working model; fails the test on a page error."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        page.goto(server_url + "/")
-        page.wait_for_function("!document.getElementById('send').disabled")
-        yield page
-        assert not errors, f"the page raised: {errors}"
-    finally:
-        context.close()
+    yield from open_chat_page(browser, server_url)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from browsing import open_chat_page
 from tokenbelt._defaults import DEFAULT_MAX_TOKENS
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,19 +38,7 @@ LONG_PROMPT = (
 
 def _open(browser: Browser, server_url: str, size: str) -> Iterator[Page]:
     width, height = SIZES[size]
-    context = browser.new_context(viewport={"width": width, "height": height})
-    context.set_default_timeout(30_000)
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server_url)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        page.goto(server_url + "/")
-        page.wait_for_function("!document.getElementById('send').disabled")
-        yield page
-        assert not errors, f"the page raised: {errors}"
-    finally:
-        context.close()
+    yield from open_chat_page(browser, server_url, width, height, clipboard=True)
 
 
 @pytest.fixture(params=list(SIZES))

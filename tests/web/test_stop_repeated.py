@@ -17,6 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from browsing import open_chat_page
 from serving import serve_default_model
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -52,13 +53,10 @@ def test_twenty_stops_are_each_user_cancel_everywhere(
 ) -> None:
     url, log = logged_server
     before = _metric(url, "tokenbelt_requests_total", "user_cancel")
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    context.set_default_timeout(30_000)
-    page: Page = context.new_page()
+    pages = open_chat_page(browser, url)
+    page: Page = next(pages)
     ids: list[str] = []
     try:
-        page.goto(url + "/")
-        page.wait_for_function("!document.getElementById('send').disabled")
         page.click("#settings summary")
         page.fill("#max-tokens", "2000")
         for _ in range(STOPS):
@@ -72,7 +70,7 @@ def test_twenty_stops_are_each_user_cancel_everywhere(
             expect(reply).to_have_attribute("data-end-reason", "user_cancel", timeout=15_000)
             ids.append(str(reply.get_attribute("data-request-id")))
     finally:
-        context.close()
+        next(pages, None)  # no page errors, then the browser context is closed
     assert len(set(ids)) == STOPS
     records: dict[str, Any] = {}
     for request_id in ids:
