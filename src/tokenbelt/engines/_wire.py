@@ -8,7 +8,7 @@ import math
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from .._errors import UpstreamError, UpstreamUnavailable
 from ._base import GenerationRequest
@@ -17,6 +17,8 @@ from ._base import GenerationRequest
 MAX_EVENT_BYTES = 256 * 1024
 #: the most an error body from an upstream is read
 ERROR_BODY_BYTES = 16 * 1024
+#: aiohttp's read buffer per connection; it pauses the socket at twice this
+READ_BUFFER_BYTES = 64 * 1024
 
 
 def estimate_tokens(text: str) -> int:
@@ -38,14 +40,15 @@ def error_message(body: object) -> str:
     return text[:500]
 
 
-async def event_data(response: httpx.Response) -> AsyncGenerator[str, None]:
+async def event_data(response: aiohttp.ClientResponse) -> AsyncGenerator[str, None]:
     """The ``data:`` payloads of an event stream, one network read at a time.
 
-    Nothing is read ahead of the caller: while it waits (for room on the belt), the
-    socket is not read and TCP pushes back on the upstream.
+    Little is read ahead of the caller: while it waits (for room on the belt), aiohttp
+    stops reading the socket once its buffer holds ``READ_BUFFER_BYTES`` twice over, and
+    TCP pushes back on the upstream.
     """
     buf = bytearray()
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_any():
         buf += chunk
         start = 0
         while (end := buf.find(b"\n", start)) >= 0:
@@ -88,10 +91,10 @@ def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
     return body
 
 
-async def raise_for_status(response: httpx.Response, url: str) -> None:
+async def raise_for_status(response: aiohttp.ClientResponse, url: str) -> None:
     """Raise the upstream's error answer as ``UpstreamError`` (5xx: ``UpstreamUnavailable``)."""
     data = bytearray()
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_any():
         data += chunk
         if len(data) >= ERROR_BODY_BYTES:
             break
@@ -100,9 +103,9 @@ async def raise_for_status(response: httpx.Response, url: str) -> None:
         message = error_message(json.loads(text))
     except ValueError:
         message = text[:500]
-    status = response.status_code
+    status = response.status
     if not message:
-        message = f"upstream {url} answered {status} {response.reason_phrase}"
+        message = f"upstream {url} answered {status} {response.reason or ''}".rstrip()
     if status >= 500:
         raise UpstreamUnavailable(f"upstream {url} answered {status}: {message}", status=status)
     raise UpstreamError(message, status=status)
