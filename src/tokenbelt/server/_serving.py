@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
-from ._errors import ErrorShape, compact_json, error_response, failure
+from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._responses import DeferredResponse, Encode, EventStreamResponse, disconnect, sse
 from ._schemas import TokenbeltOptions
 from ._state import ServerState
@@ -129,17 +129,20 @@ class RequestPath:
         The end decides the status: 500 for an engine failure (an upstream's 4xx passes
         through, any other upstream failure is 502), 504 for a deadline, 503
         for a shutdown (each in the API's error ``shape``, with the exact end reason and
-        trace beside it); any other end is ``render(stream)`` with 200.
+        trace beside it; the last two with ``x-should-retry: false``, since a retry would
+        repeat work the server stopped); any other end is ``render(stream)`` with 200.
         """
         head = {"x-request-id": stream.request_id, **(headers or {})}
 
-        def failed(status: int, message: str, type_: str, code: str) -> Response:
+        def failed(
+            status: int, message: str, type_: str, code: str, retry: bool = True
+        ) -> Response:
             return error_response(
                 status,
                 message,
                 type_,
                 code,
-                headers=head,
+                headers=head if retry else {**head, **NO_RETRY},
                 extra={"tokenbelt": tokenbelt_final(stream)},
                 shape=shape,
             )
@@ -156,11 +159,11 @@ class RequestPath:
             head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
             reason = stream.end_reason or EndReason.RUNTIME_ERROR
             if reason.is_timeout:
-                return failed(
-                    504, f"the request ended with {reason.value}", "timeout", reason.value
-                )
+                message = f"the request ended with {reason.value}"
+                return failed(504, message, "timeout", reason.value, retry=False)
             if reason is EndReason.SHUTDOWN:
-                return failed(503, "the server is shutting down", "service_unavailable", "shutdown")
+                message = "the server is shutting down"
+                return failed(503, message, "service_unavailable", "shutdown", retry=False)
             return JSONResponse(render(stream), headers=head)
 
         later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
