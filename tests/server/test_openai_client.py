@@ -74,8 +74,20 @@ def test_text_completion_stream(client: openai.OpenAI) -> None:
 
 
 def test_models_list(client: openai.OpenAI) -> None:
-    # The served models, then the catalog's aliases this server could serve.
-    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted", "smollm2-135m"]
+    # Only the served models: the catalog's aliases are not servable until loaded.
+    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted"]
+
+
+def test_models_retrieve(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("scripted")
+    assert (model.id, model.object, model.owned_by) == ("scripted", "model", "tokenbelt")
+    # A catalog alias this server was not started with is not served: 404, not a listing.
+    for name in ("smollm2-135m", "nope"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.models.retrieve(name)
+        assert caught.value.code == "model_not_found"
+        assert caught.value.param == "model"
+        assert name in caught.value.message
 
 
 def test_stream_close_mid_stream_is_client_disconnect(
@@ -99,7 +111,8 @@ def test_errors_arrive_as_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError) as bad:  # 400, as OpenAI answers, not 422
         client.chat.completions.create(
-            model="scripted", messages=[{"role": "user", "content": "x"}], n=2
+            model="scripted", messages=[{"role": "user", "content": "x"}], n=0
         )
+    assert bad.value.param == "n"
