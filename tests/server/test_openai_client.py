@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import openai
@@ -116,3 +117,43 @@ def test_errors_arrive_as_openai_exceptions(client: openai.OpenAI) -> None:
             model="scripted", messages=[{"role": "user", "content": "x"}], n=0
         )
     assert bad.value.param == "n"
+
+
+def test_a_deadline_504_is_one_server_request(client: openai.OpenAI, served: Served) -> None:
+    # The SDK retries a 504 twice by default; the server says not to: it stopped that work.
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            model="endless",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"tokenbelt": {"total_timeout": 0.2}},
+        )
+    assert caught.value.status_code == 504
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert caught.value.code == "total_timeout"
+    enqueued = [e for e in served.recorder.events if e.kind == "enqueued"]
+    assert len(enqueued) == 1
+    served.assert_released(enqueued[0].trace, EndReason.TOTAL_TIMEOUT)
+
+
+def test_a_shutdown_503_is_not_sent_again(client: openai.OpenAI, served: Served) -> None:
+    errors: list[openai.APIStatusError] = []
+
+    def ask() -> None:
+        try:
+            client.chat.completions.create(
+                model="endless", messages=[{"role": "user", "content": "hi"}], max_tokens=50_000
+            )
+        except openai.APIStatusError as exc:
+            errors.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    trace = served.recorder.nth(0)
+    served.recorder.wait(trace, "first_token")
+    served.runtime.close()
+    asking.join(NET)
+    assert not asking.is_alive()
+    (error,) = errors
+    assert error.status_code == 503
+    assert error.response.headers["x-should-retry"] == "false"
+    assert [e.kind for e in served.recorder.events].count("enqueued") == 1

@@ -74,9 +74,9 @@ class Piece(str):
         return (Piece, (str(self), self.logprobs))
 
 
-def _number(name: str, value: object) -> float:
+def _number(name: str, value: object, param: str | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise InvalidArgument(f"{name} must be a number, got {value!r}")
+        raise InvalidArgument(f"{name} must be a number, got {value!r}", param=param or name)
     return float(value)
 
 
@@ -181,9 +181,10 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
             token_id = -1
         if isinstance(token, bool) or token_id < 0:
             raise InvalidArgument(
-                f"logit_bias keys must be token ids (integers >= 0), got {token!r}"
+                f"logit_bias keys must be token ids (integers >= 0), got {token!r}",
+                param="logit_bias",
             )
-        if not -100.0 <= _number("a logit_bias value", bias) <= 100.0:
+        if not -100.0 <= _number("a logit_bias value", bias, "logit_bias") <= 100.0:
             raise InvalidArgument(
                 f"logit_bias values must be in [-100, 100], got {bias!r}", param="logit_bias"
             )
