@@ -23,6 +23,7 @@ pytestmark = pytest.mark.model
 MODEL = Path(default_model_path()).stem
 QUESTION = "Name a colour."
 USER = [{"role": "user", "content": QUESTION}]
+PROMPT_600 = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)
 REPEAT = [{"role": "user", "content": "Write the word 'the' ten times."}]
 
 
@@ -294,3 +295,21 @@ def test_two_sampled_choices_with_one_seed_differ(client: openai.OpenAI) -> None
     )
     first, second = (c.message.content for c in reply.choices)
     assert first != second  # each choice takes a seed of its own (seed + index)
+
+
+def test_two_choices_compute_their_prompt_once(serve: ServeFactory) -> None:
+    served = serve(real_runtime(slots=2))
+    engine: Any = served.model().engines[0]
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET) as client:
+        # A prompt of two prefill steps (512 tokens each): the choices are admitted while
+        # the first of them is still computing it.
+        reply = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPT_600}], max_tokens=2, n=2
+        )
+    body = reply.http_response.json()
+    first, second = (served.recorder.by_id(c["request_id"]) for c in body["tokenbelt"]["choices"])
+    assert first.prompt_tokens == second.prompt_tokens > 512
+    # One choice computed the prompt, the other waited for it and copied its cells.
+    assert sorted([first.cached_tokens, second.cached_tokens]) == [0, first.prompt_tokens - 1]
+    assert engine.statistics().prefix_hits == 1
+    assert [c["index"] for c in body["choices"]] == [0, 1]

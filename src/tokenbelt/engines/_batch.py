@@ -114,6 +114,7 @@ class _Seq:
         "n_past",
         "n_prompt",
         "on_exit",
+        "prepared",
         "produced",
         "producer",
         "request",
@@ -140,6 +141,7 @@ class _Seq:
         self.stopper = _StopMatcher(request.sampling.stop)
         self.cancelled = False
         self.waiting_room = False
+        self.prepared = False  # started and tokenized (it may still wait to share a prefix)
 
     @property
     def decoding(self) -> bool:
@@ -439,10 +441,11 @@ class BatchEngine:
         self._decode(rows, n_tokens)
         return True
 
-    def _admit(self, seq: _Seq) -> None:
-        """Tokenize, find a cached prefix, take a sequence id, build the sampler."""
+    def _prepare(self, seq: _Seq) -> bool:
+        """Start the request and tokenize its prompt (once); False if it failed."""
         p = seq.producer
         p.start()
+        seq.prepared = True
         try:
             self._check_sampling(seq.request.sampling)
             tokens = self._prompt_of(seq.request)
@@ -451,10 +454,37 @@ class BatchEngine:
         except Exception as exc:
             p.fail(exc)
             self._retire(seq, cache=False)
-            return
+            return False
         seq.tokens = tokens
         seq.n_prompt = len(tokens)
         seq.max_new = min(seq.request.sampling.max_tokens, self.context_length - len(tokens))
+        return True
+
+    def _follows(self, seq: _Seq) -> bool:
+        """True while another sequence is still computing prompt cells this one can copy:
+        the choices of one request (``n``), or the same prompt sent twice, compute their
+        shared prompt once. A leader that waits for its reader is not waited for."""
+        if not self.cache_entries:
+            return False  # the prefix cache is off: every prompt is computed
+        limit = len(seq.tokens) - 1
+        for other in self._active:
+            if other is seq or other.id < 0 or other.cancelled or other.decoding:
+                continue
+            if other.waiting_room:
+                continue
+            if min(_common_prefix(other.tokens, seq.tokens), limit) > other.n_past:
+                return True
+        return False
+
+    def _admit(self, seq: _Seq) -> None:
+        """Tokenize, find a cached prefix, take a sequence id, build the sampler; or wait
+        a step while a sequence ahead computes the prompt this one shares."""
+        if not seq.prepared and not self._prepare(seq):
+            return
+        if self._follows(seq):
+            return
+        p = seq.producer
+        tokens = seq.tokens
         seq.id = self._take_id()
         seq.sampler = self._sampler(seq.request.sampling)
         reuse, source = self._best_prefix(tokens, exclude=seq)
