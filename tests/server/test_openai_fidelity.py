@@ -115,6 +115,7 @@ def test_an_image_part_is_a_400_naming_the_missing_vision(client: openai.OpenAI)
         ({"web_search_options": {}}, "web_search_options"),
         ({"reasoning_effort": "low"}, "reasoning_effort"),
         ({"extra_body": {"colour": "blue"}}, "colour"),
+        ({"stream_options": {"include_usage": True, "colour": "blue"}}, "stream_options.colour"),
         ({"temperature": 7}, "temperature"),
         ({"n": 17}, "n"),
         ({"frequency_penalty": 3}, "frequency_penalty"),

@@ -245,9 +245,12 @@ def create_app(
     async def _events(
         choices: list[Choice], model: str, body: _Sampling, chat: bool, echo: str | None
     ) -> AsyncIterator[object]:
-        first = choices[0].stream
-        base = {"id": first.request_id, "object": "", "created": int(time.time()), "model": model}
-        base["object"] = "chat.completion.chunk" if chat else "text_completion"
+        base = {
+            "id": choices[0].stream.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
         scored = bool(body.sampling().get("logprobs"))
         offsets = dict.fromkeys((c.index for c in choices), len(echo) if echo else 0)
 

@@ -32,7 +32,12 @@ class TokenbeltOptions(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(
+        None, description="accepted, no effect: a local stream is not padded"
+    )
 
 
 class ContentPart(BaseModel):
