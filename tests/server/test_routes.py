@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from tokenbelt import ScriptedEngine
@@ -72,3 +74,20 @@ def test_the_request_record_lists_newest_first(serve: ServeFactory) -> None:
             "cancel_requested",
             "released",
         }
+
+
+def test_a_failed_load_is_not_listed_as_served(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)), load="no-such-model")
+    with httpx.Client(base_url=served.url, timeout=NET) as client:
+        deadline = time.monotonic() + NET
+        while client.get("/health").json()["loads"]["no-such-model"]["state"] != "failed":
+            assert time.monotonic() < deadline, "the load did not fail"
+            time.sleep(0.01)
+        models = client.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["scripted"]
+        failed = [m for m in models["tokenbelt"]["not_served"] if m["id"] == "no-such-model"]
+        assert [m["tokenbelt"]["load"]["state"] for m in failed] == ["failed"]
+        assert client.get("/v1/models/scripted").json()["id"] == "scripted"
+        missing = client.get("/v1/models/no-such-model")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "model_not_found"
