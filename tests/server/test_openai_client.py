@@ -157,3 +157,37 @@ def test_a_shutdown_503_is_not_sent_again(client: openai.OpenAI, served: Served)
     assert error.status_code == 503
     assert error.response.headers["x-should-retry"] == "false"
     assert [e.kind for e in served.recorder.events].count("enqueued") == 1
+
+
+def test_closing_a_stream_of_two_choices_stops_both(serve: ServeFactory) -> None:
+    engines = [ScriptedEngine(words(100_000), delay=0.002) for _ in range(2)]
+    served = serve(scripted_runtime(*engines, slots=2))
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET) as client:
+        stream = client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": "go on"}],
+            max_tokens=100_000,
+            n=2,
+            stream=True,
+        )
+        seen: set[int] = set()
+        for chunk in stream:
+            seen.update(c.index for c in chunk.choices)
+            if seen == {0, 1}:
+                break
+        stream.close()
+    for n in range(2):
+        served.assert_released(served.recorder.nth(n), EndReason.CLIENT_DISCONNECT)
+
+
+def test_a_deadline_of_two_choices_is_one_504(client: openai.OpenAI, served: Served) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(
+            model="endless",
+            prompt="go on",
+            n=2,
+            extra_body={"tokenbelt": {"total_timeout": 0.2}},
+        )
+    assert caught.value.status_code == 504
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert [e.kind for e in served.recorder.events].count("enqueued") == 2  # n, sent once

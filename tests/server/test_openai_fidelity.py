@@ -199,6 +199,25 @@ async def test_chat_logprobs_async(aclient: openai.AsyncOpenAI) -> None:
     check_logprobs(content, reply.choices[0].message.content or "", 0)
 
 
+@pytest.mark.anyio
+async def test_async_stream_of_parts_with_logprobs(aclient: openai.AsyncOpenAI) -> None:
+    stream = await aclient.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "developer", "content": [{"type": "text", "text": QUESTION}]}],
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=1,
+        stream=True,
+    )
+    text, content = "", []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            content += choice.logprobs.content or [] if choice.logprobs else []
+    check_logprobs(content, text, 1)
+
+
 def test_legacy_logprobs_and_echo(client: openai.OpenAI) -> None:
     prompt = "The sky is"
     reply = client.completions.create(
