@@ -176,8 +176,11 @@ def test_closing_a_stream_of_two_choices_stops_both(serve: ServeFactory) -> None
             if seen == {0, 1}:
                 break
         stream.close()
-    for n in range(2):
-        served.assert_released(served.recorder.nth(n), EndReason.CLIENT_DISCONNECT)
+    traces = [served.recorder.nth(n) for n in range(2)]
+    for trace in traces:  # both, before asking whether the model is idle
+        served.recorder.wait(trace, "released")
+    for trace in traces:
+        served.assert_released(trace, EndReason.CLIENT_DISCONNECT)
 
 
 def test_a_deadline_of_two_choices_is_one_504(client: openai.OpenAI, served: Served) -> None:
