@@ -21,6 +21,7 @@ _IGNORED_THREAD_PREFIXES = (
     "ThreadPoolExecutor",
     "pytest_timeout",
     "tokenbelt-release-watch",  # one per process, like asyncio's own threads
+    "litellm-logging",  # litellm's process-wide logging pool (tests/server/test_litellm.py)
 )
 
 

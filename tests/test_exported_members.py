@@ -42,6 +42,7 @@ EXPECTED = {
     "SchedulerStatistics",
     "ScriptedEngine",
     "Stream",
+    "TokenLogprob",
     "TokenbeltError",
     "Trace",
     "TraceEvent",

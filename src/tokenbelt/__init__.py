@@ -41,6 +41,7 @@ from .engines import (
     RemoteEngine,
     SamplingParams,
     ScriptedEngine,
+    TokenLogprob,
     Upstream,
 )
 from .runtime import (
@@ -93,6 +94,7 @@ __all__ = [
     "SchedulerStatistics",
     "ScriptedEngine",
     "Stream",
+    "TokenLogprob",
     "TokenbeltError",
     "Trace",
     "TraceEvent",

@@ -43,6 +43,11 @@ class TokenbeltError(Exception):
 class InvalidArgument(TokenbeltError, ValueError):
     """A value given to tokenbelt is out of range or of the wrong kind."""
 
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        #: the request parameter at fault, when one is (an HTTP error's ``param``)
+        self.param = param
+
 
 class IllegalState(TokenbeltError):
     """An operation is not allowed in the object's current lifecycle state."""

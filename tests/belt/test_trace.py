@@ -324,5 +324,11 @@ def test_end_reasons() -> None:
         EndReason.LOAD_TIMEOUT,
     }
     assert EndReason.LENGTH.openai_finish_reason == "length"
-    assert EndReason.USER_CANCEL.openai_finish_reason == "cancelled"
+    # Only OpenAI's own values: a caller's stop is "stop", any other early end "length".
+    assert EndReason.USER_CANCEL.openai_finish_reason == "stop"
+    assert EndReason.CLIENT_DISCONNECT.openai_finish_reason == "stop"
+    for reason in EndReason:
+        assert reason.openai_finish_reason in {"stop", "length"}
+        if reason.is_timeout or reason in (EndReason.SHUTDOWN, EndReason.RUNTIME_ERROR):
+            assert reason.openai_finish_reason == "length"
     assert json.dumps(EndReason.STOP) == '"stop"'

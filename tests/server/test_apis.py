@@ -119,7 +119,7 @@ def test_refusals_are_in_each_apis_error_shape(serve: ServeFactory) -> None:
         assert too_big.status_code == 413
         assert too_big.json()["error"]["type"] == "request_too_large"
 
-        # A malformed body: 400 on both (OpenAI's routes answer 422).
+        # A malformed body: 400 on both, as on OpenAI's routes.
         bad = client.post("/api/chat", json={"messages": "hi"}, headers=key)
         assert bad.status_code == 400
         assert bad.json()["error"].startswith("messages:")

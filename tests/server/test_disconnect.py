@@ -149,7 +149,7 @@ def test_cancel_endpoint_is_user_cancel(serve: ServeFactory, stream: bool) -> No
             events = sse_events(client.read_until(b"data: [DONE]"))
             assert events[-1] == "[DONE]"
             final = events[-2]
-            assert final["choices"][0]["finish_reason"] == "cancelled"  # a stop, not a timeout
+            assert final["choices"][0]["finish_reason"] == "stop"  # a stop, not a timeout
             assert final["tokenbelt"]["end_reason"] == "user_cancel"
             assert final["tokenbelt"]["trace"]["timeline_ms"]["released"] is not None
         else:

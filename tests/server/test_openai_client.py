@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import openai
@@ -74,8 +75,20 @@ def test_text_completion_stream(client: openai.OpenAI) -> None:
 
 
 def test_models_list(client: openai.OpenAI) -> None:
-    # The served models, then the catalog's aliases this server could serve.
-    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted", "smollm2-135m"]
+    # Only the served models: the catalog's aliases are not servable until loaded.
+    assert sorted(m.id for m in client.models.list()) == ["endless", "scripted"]
+
+
+def test_models_retrieve(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("scripted")
+    assert (model.id, model.object, model.owned_by) == ("scripted", "model", "tokenbelt")
+    # A catalog alias this server was not started with is not served: 404, not a listing.
+    for name in ("smollm2-135m", "nope"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.models.retrieve(name)
+        assert caught.value.code == "model_not_found"
+        assert caught.value.param == "model"
+        assert name in caught.value.message
 
 
 def test_stream_close_mid_stream_is_client_disconnect(
@@ -99,7 +112,85 @@ def test_errors_arrive_as_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError) as bad:  # 400, as OpenAI answers, not 422
         client.chat.completions.create(
-            model="scripted", messages=[{"role": "user", "content": "x"}], n=2
+            model="scripted", messages=[{"role": "user", "content": "x"}], n=0
         )
+    assert bad.value.param == "n"
+
+
+def test_a_deadline_504_is_one_server_request(client: openai.OpenAI, served: Served) -> None:
+    # The SDK retries a 504 twice by default; the server says not to: it stopped that work.
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            model="endless",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"tokenbelt": {"total_timeout": 0.2}},
+        )
+    assert caught.value.status_code == 504
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert caught.value.code == "total_timeout"
+    enqueued = [e for e in served.recorder.events if e.kind == "enqueued"]
+    assert len(enqueued) == 1
+    served.assert_released(enqueued[0].trace, EndReason.TOTAL_TIMEOUT)
+
+
+def test_a_shutdown_503_is_not_sent_again(client: openai.OpenAI, served: Served) -> None:
+    errors: list[openai.APIStatusError] = []
+
+    def ask() -> None:
+        try:
+            client.chat.completions.create(
+                model="endless", messages=[{"role": "user", "content": "hi"}], max_tokens=50_000
+            )
+        except openai.APIStatusError as exc:
+            errors.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    trace = served.recorder.nth(0)
+    served.recorder.wait(trace, "first_token")
+    served.runtime.close()
+    asking.join(NET)
+    assert not asking.is_alive()
+    (error,) = errors
+    assert error.status_code == 503
+    assert error.response.headers["x-should-retry"] == "false"
+    assert [e.kind for e in served.recorder.events].count("enqueued") == 1
+
+
+def test_closing_a_stream_of_two_choices_stops_both(serve: ServeFactory) -> None:
+    engines = [ScriptedEngine(words(100_000), delay=0.002) for _ in range(2)]
+    served = serve(scripted_runtime(*engines, slots=2))
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET) as client:
+        stream = client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": "go on"}],
+            max_tokens=100_000,
+            n=2,
+            stream=True,
+        )
+        seen: set[int] = set()
+        for chunk in stream:
+            seen.update(c.index for c in chunk.choices)
+            if seen == {0, 1}:
+                break
+        stream.close()
+    traces = [served.recorder.nth(n) for n in range(2)]
+    for trace in traces:  # both, before asking whether the model is idle
+        served.recorder.wait(trace, "released")
+    for trace in traces:
+        served.assert_released(trace, EndReason.CLIENT_DISCONNECT)
+
+
+def test_a_deadline_of_two_choices_is_one_504(client: openai.OpenAI, served: Served) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(
+            model="endless",
+            prompt="go on",
+            n=2,
+            extra_body={"tokenbelt": {"total_timeout": 0.2}},
+        )
+    assert caught.value.status_code == 504
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert [e.kind for e in served.recorder.events].count("enqueued") == 2  # n, sent once

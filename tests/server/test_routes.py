@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from tokenbelt import ScriptedEngine
@@ -14,9 +16,10 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
     with httpx.Client(base_url=served.url, timeout=NET) as client:
         models = client.get("/v1/models").json()
         assert models["object"] == "list"
-        entry, *catalog = models["data"]
+        (entry,) = models["data"]  # only what this server serves
         assert entry["id"] == "scripted"
-        # The catalog's aliases are listed too, with whether their file is here.
+        # The catalog's aliases are listed apart, with whether their file is here.
+        catalog = models["tokenbelt"]["not_served"]
         assert [(m["id"], m["tokenbelt"]["loaded"], m["tokenbelt"]["state"]) for m in catalog] == [
             ("smollm2-135m", False, "available")
         ]
@@ -71,3 +74,20 @@ def test_the_request_record_lists_newest_first(serve: ServeFactory) -> None:
             "cancel_requested",
             "released",
         }
+
+
+def test_a_failed_load_is_not_listed_as_served(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)), load="no-such-model")
+    with httpx.Client(base_url=served.url, timeout=NET) as client:
+        deadline = time.monotonic() + NET
+        while client.get("/health").json()["loads"]["no-such-model"]["state"] != "failed":
+            assert time.monotonic() < deadline, "the load did not fail"
+            time.sleep(0.01)
+        models = client.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["scripted"]
+        failed = [m for m in models["tokenbelt"]["not_served"] if m["id"] == "no-such-model"]
+        assert [m["tokenbelt"]["load"]["state"] for m in failed] == ["failed"]
+        assert client.get("/v1/models/scripted").json()["id"] == "scripted"
+        missing = client.get("/v1/models/no-such-model")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "model_not_found"

@@ -46,18 +46,19 @@ class EndReason(enum.StrEnum):
 
     @property
     def openai_finish_reason(self) -> str:
-        """The ``finish_reason`` for OpenAI-style answers.
+        """The ``finish_reason`` for OpenAI-style answers: always one of OpenAI's own values.
 
-        ``stop``/``length`` for natural ends, ``timeout`` for deadlines, ``error`` for
-        ``runtime_error``, ``cancelled`` for every stop; the exact reason travels beside it.
+        ``stop`` and ``length`` are themselves; the ends a caller chose (``user_cancel``,
+        ``client_disconnect``) are ``stop``; every other end cut the reply short for a
+        reason the caller did not choose (a deadline, ``shutdown``, ``rejected``,
+        ``runtime_error``) and is ``length``, the value clients read as "truncated".
+        The exact reason travels beside it (``tokenbelt.end_reason``).
         """
         if self.is_natural:
             return self.value
-        if self.is_timeout:
-            return "timeout"
-        if self is EndReason.RUNTIME_ERROR:
-            return "error"
-        return "cancelled"
+        if self in (EndReason.USER_CANCEL, EndReason.CLIENT_DISCONNECT):
+            return "stop"
+        return "length"
 
 
 _TIMEOUTS = frozenset(

@@ -1,6 +1,6 @@
 """Layer 2: the things that produce tokens (llama.cpp batched and single, remote, scripted)."""
 
-from ._base import Engine, GenerationRequest, Message, SamplingParams
+from ._base import Engine, GenerationRequest, Message, Piece, SamplingParams, TokenLogprob
 from ._batch import BatchEngine, BatchStatistics
 from ._discover import UpstreamModel, list_models
 from ._llama import LlamaEngine
@@ -16,9 +16,11 @@ __all__ = [
     "GenerationRequest",
     "LlamaEngine",
     "Message",
+    "Piece",
     "RemoteEngine",
     "SamplingParams",
     "ScriptedEngine",
+    "TokenLogprob",
     "Upstream",
     "UpstreamModel",
     "UpstreamPool",

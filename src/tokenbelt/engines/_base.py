@@ -15,9 +15,9 @@ request's belt, never the consumer's):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from .._defaults import DEFAULT_MAX_TOKENS
 from .._errors import InvalidArgument
@@ -25,15 +25,58 @@ from ..belt import EndReason, Producer
 
 
 class Message(TypedDict):
-    """One chat message, as in the OpenAI API."""
+    """One chat message, as in the OpenAI API (``name``: the speaker, when given)."""
 
     role: str
     content: str
+    name: NotRequired[str]
 
 
-def _number(name: str, value: object) -> float:
+#: the roles a chat message may have (the HTTP surface maps ``developer`` to ``system``)
+ROLES = ("system", "user", "assistant", "tool")
+#: most alternatives ``top_logprobs`` may ask for, as in the OpenAI API
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token with its log-probability, and the likeliest alternatives.
+
+    ``logprob`` is the model's own (a log-softmax of the raw logits, before penalties,
+    bias and temperature): what the model thought, whatever the sampler then chose.
+    ``top`` holds the ``top_logprobs`` likeliest tokens at that step, likeliest first.
+    """
+
+    token: str
+    logprob: float
+    #: the token's UTF-8 bytes (a token may hold part of a character)
+    bytes: bytes
+    top: tuple[TokenLogprob, ...] = ()
+
+
+class Piece(str):
+    """A text piece that carries the log-probabilities of the tokens it came from.
+
+    An engine puts these on the belt instead of plain strings only when a request asked
+    for ``logprobs``: it is still a ``str`` everywhere text is read, and the plain path
+    pays nothing. ``text`` may be empty (a token held back for a stop string or an
+    unfinished character) while ``logprobs`` is not. Picklable.
+    """
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Piece:
+        piece = super().__new__(cls, text)
+        piece.logprobs = logprobs
+        return piece
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Piece, (str(self), self.logprobs))
+
+
+def _number(name: str, value: object, param: str | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise InvalidArgument(f"{name} must be a number, got {value!r}")
+        raise InvalidArgument(f"{name} must be a number, got {value!r}", param=param or name)
     return float(value)
 
 
@@ -53,6 +96,16 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    #: OpenAI's: minus ``frequency_penalty`` times how often a token was generated so far
+    frequency_penalty: float = 0.0
+    #: OpenAI's: minus ``presence_penalty`` for every token generated at least once
+    presence_penalty: float = 0.0
+    #: (token id, bias) pairs added to the logits; -100 bans a token, +100 forces it
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: return each generated token's log-probability (``Piece`` items on the belt)
+    logprobs: bool = False
+    #: with ``logprobs``, also the this many likeliest tokens of each step (0 to 20)
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -79,6 +132,64 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in stop):
             raise InvalidArgument("stop must be a string or a list of non-empty strings")
         object.__setattr__(self, "stop", tuple(stop))
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
+                raise InvalidArgument(
+                    f"{name} must be in [-2, 2], got {getattr(self, name)}", param=name
+                )
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if not isinstance(self.logprobs, bool):
+            raise InvalidArgument(
+                f"logprobs must be true or false, got {self.logprobs!r}", param="logprobs"
+            )
+        top = self.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(
+                f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
+                param="top_logprobs",
+            )
+        if top and not self.logprobs:
+            raise InvalidArgument("top_logprobs needs logprobs to be true", param="top_logprobs")
+
+
+def refuse(s: SamplingParams, engine: str, *names: str) -> None:
+    """Raise ``InvalidArgument`` (naming the parameter) if ``s`` uses one of ``names``,
+    which ``engine`` cannot honour: a parameter is never silently ignored."""
+    for name in names:
+        if getattr(s, name) != SamplingParams.__dataclass_fields__[name].default:
+            raise InvalidArgument(f"{name} is not supported by the {engine} engine", param=name)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """``{token id: bias}`` (token ids may be strings, as JSON keys are) or pairs, checked;
+    kept as sorted pairs so the parameters stay hashable and picklable."""
+    items = value.items() if isinstance(value, dict) else value
+    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
+        raise InvalidArgument(
+            f"logit_bias must map token ids to biases, got {value!r}", param="logit_bias"
+        )
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidArgument(
+                f"logit_bias must map token ids to biases, got {value!r}", param="logit_bias"
+            )
+        token, bias = item
+        try:
+            token_id = int(token) if isinstance(token, str | int) else -1
+        except ValueError:
+            token_id = -1
+        if isinstance(token, bool) or token_id < 0:
+            raise InvalidArgument(
+                f"logit_bias keys must be token ids (integers >= 0), got {token!r}",
+                param="logit_bias",
+            )
+        if not -100.0 <= _number("a logit_bias value", bias, "logit_bias") <= 100.0:
+            raise InvalidArgument(
+                f"logit_bias values must be in [-100, 100], got {bias!r}", param="logit_bias"
+            )
+        pairs[token_id] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 @dataclass(frozen=True)
@@ -101,7 +212,7 @@ class GenerationRequest:
             for m in self.messages:
                 if not isinstance(m, dict) or not isinstance(m.get("content"), str):
                     raise InvalidArgument(f"each message needs a string content, got {m!r}")
-                if m.get("role") not in ("system", "user", "assistant"):
+                if m.get("role") not in ROLES:
                     raise InvalidArgument(f"unknown message role {m.get('role')!r}")
 
     @classmethod

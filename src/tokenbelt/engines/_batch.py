@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import DecodeError, IllegalState, ModelLoadError, PromptTooLong
+from .._errors import DecodeError, IllegalState, InvalidArgument, ModelLoadError, PromptTooLong
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest, SamplingParams
+from ._base import GenerationRequest, Piece, SamplingParams, TokenLogprob
 from ._llama import (
     _flag_abort_callback,
     _quiet_native_logs,
@@ -114,6 +114,7 @@ class _Seq:
         "n_past",
         "n_prompt",
         "on_exit",
+        "prepared",
         "produced",
         "producer",
         "request",
@@ -140,6 +141,7 @@ class _Seq:
         self.stopper = _StopMatcher(request.sampling.stop)
         self.cancelled = False
         self.waiting_room = False
+        self.prepared = False  # started and tokenized (it may still wait to share a prefix)
 
     @property
     def decoding(self) -> bool:
@@ -290,6 +292,16 @@ class BatchEngine:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
         return prompt_tokens(self._model, self._formatter, request, self.name)
 
+    def _check_sampling(self, s: SamplingParams) -> None:
+        """What only the model can check: ``logit_bias`` names tokens of its vocabulary."""
+        for token, _bias in s.logit_bias:
+            if token >= self._n_vocab:
+                raise InvalidArgument(
+                    f"logit_bias: token {token} is not in {self.name}'s vocabulary "
+                    f"(ids 0 to {self._n_vocab - 1})",
+                    param="logit_bias",
+                )
+
     def _check_fits(self, n: int) -> None:
         if n + 1 > self.context_length:
             raise PromptTooLong(
@@ -301,6 +313,7 @@ class BatchEngine:
         """Tokenize on the caller's thread and keep the tokens for the loop's admission,
         so the loop (which every running stream waits on) does not template and
         tokenize the same prompt again."""
+        self._check_sampling(request.sampling)
         tokens = self.tokenize_request(request)
         self._check_fits(len(tokens))
         with self._cond:
@@ -428,21 +441,50 @@ class BatchEngine:
         self._decode(rows, n_tokens)
         return True
 
-    def _admit(self, seq: _Seq) -> None:
-        """Tokenize, find a cached prefix, take a sequence id, build the sampler."""
+    def _prepare(self, seq: _Seq) -> bool:
+        """Start the request and tokenize its prompt (once); False if it failed."""
         p = seq.producer
         p.start()
+        seq.prepared = True
         try:
+            self._check_sampling(seq.request.sampling)
             tokens = self._prompt_of(seq.request)
             p.count_prompt(len(tokens))
             self._check_fits(len(tokens))
         except Exception as exc:
             p.fail(exc)
             self._retire(seq, cache=False)
-            return
+            return False
         seq.tokens = tokens
         seq.n_prompt = len(tokens)
         seq.max_new = min(seq.request.sampling.max_tokens, self.context_length - len(tokens))
+        return True
+
+    def _follows(self, seq: _Seq) -> bool:
+        """True while another sequence is still computing prompt cells this one can copy:
+        the choices of one request (``n``), or the same prompt sent twice, compute their
+        shared prompt once. A leader that waits for its reader is not waited for."""
+        if not self.cache_entries:
+            return False  # the prefix cache is off: every prompt is computed
+        limit = len(seq.tokens) - 1
+        for other in self._active:
+            if other is seq or other.id < 0 or other.cancelled or other.decoding:
+                continue
+            if other.waiting_room:
+                continue
+            if min(_common_prefix(other.tokens, seq.tokens), limit) > other.n_past:
+                return True
+        return False
+
+    def _admit(self, seq: _Seq) -> None:
+        """Tokenize, find a cached prefix, take a sequence id, build the sampler; or wait
+        a step while a sequence ahead computes the prompt this one shares."""
+        if not seq.prepared and not self._prepare(seq):
+            return
+        if self._follows(seq):
+            return
+        p = seq.producer
+        tokens = seq.tokens
         seq.id = self._take_id()
         seq.sampler = self._sampler(seq.request.sampling)
         reuse, source = self._best_prefix(tokens, exclude=seq)
@@ -484,13 +526,27 @@ class BatchEngine:
         return best, source
 
     def _sampler(self, s: SamplingParams) -> Any:
+        """The sampler chain: bias, penalties, then greedy or top-k/top-p/min-p/temperature."""
         lib = self._lib
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if s.logit_bias:
+            biases = (lib.llama_logit_bias * len(s.logit_bias))(*s.logit_bias)
+            lib.llama_sampler_chain_add(
+                chain, lib.llama_sampler_init_logit_bias(self._n_vocab, len(biases), biases)
+            )
         if s.repeat_penalty != 1.0:
             lib.llama_sampler_chain_add(
                 chain,
                 lib.llama_sampler_init_penalties(
                     self._n_vocab, _PENALTY_LAST_N, s.repeat_penalty, 0.0, 0.0
+                ),
+            )
+        if s.frequency_penalty or s.presence_penalty:
+            # OpenAI counts every token generated so far: the window is the whole sequence.
+            lib.llama_sampler_chain_add(
+                chain,
+                lib.llama_sampler_init_penalties(
+                    self._n_vocab, self.context_length, 1.0, s.frequency_penalty, s.presence_penalty
                 ),
             )
         if s.temperature == 0:
@@ -635,16 +691,46 @@ class BatchEngine:
             return
         seq.produced += 1
         p.count_token()
-        n = lib.llama_token_to_piece(self._vocab, token, self._piece, 256, 0, False)
-        text, hit = seq.stopper.feed(seq.decoder.decode(self._piece.raw[: max(n, 0)]))
+        raw = self._token_bytes(token)
+        text, hit = seq.stopper.feed(seq.decoder.decode(raw))
         if hit:
             seq.producer.trace.stop_sequence = seq.stopper.matched
-            self._end(seq, text, EndReason.STOP)
+            self._end(seq, self._scored(seq, text, token, raw, row), EndReason.STOP)
         elif seq.produced >= seq.max_new:
-            self._end(seq, text + self._tail(seq), EndReason.LENGTH)
+            text += self._tail(seq)
+            self._end(seq, self._scored(seq, text, token, raw, row), EndReason.LENGTH)
         else:
             seq.tokens.append(token)
-            self._put(seq, text)
+            self._put(seq, self._scored(seq, text, token, raw, row))
+
+    def _token_bytes(self, token: int) -> bytes:
+        n = self._lib.llama_token_to_piece(self._vocab, token, self._piece, 256, 0, False)
+        return self._piece.raw[: max(n, 0)]
+
+    def _scored(self, seq: _Seq, text: str, token: int, raw: bytes, row: int) -> str:
+        """``text`` as it goes on the belt: a ``Piece`` with the token's log-probability
+        when the request asked for them, else the plain string (the cheap path)."""
+        s = seq.request.sampling
+        if not s.logprobs:
+            return text
+        import numpy as np
+
+        pointer = self._lib.llama_get_logits_ith(self._ctx.ctx, row)
+        logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).astype(np.float64)
+        peak = logits.max()
+        logprobs = logits - (peak + np.log(np.exp(logits - peak).sum()))
+        top: tuple[TokenLogprob, ...] = ()
+        if s.top_logprobs:
+            k = min(s.top_logprobs, self._n_vocab)
+            best = np.argpartition(-logprobs, k - 1)[:k]
+            best = best[np.argsort(-logprobs[best], kind="stable")]
+            top = tuple(self._logprob(int(t), float(logprobs[t])) for t in best)
+        chosen = TokenLogprob(raw.decode("utf-8", "replace"), float(logprobs[token]), raw, top)
+        return Piece(text, (chosen,))
+
+    def _logprob(self, token: int, logprob: float) -> TokenLogprob:
+        raw = self._token_bytes(token)
+        return TokenLogprob(raw.decode("utf-8", "replace"), logprob, raw)
 
     @staticmethod
     def _tail(seq: _Seq) -> str:

@@ -26,10 +26,13 @@ from typing import Any
 
 from .._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, PromptTooLong
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest, SamplingParams
+from ._base import GenerationRequest, SamplingParams, refuse
 from ._loading import check_gguf_file, load_with_deadline
 
 logger = logging.getLogger("tokenbelt.engines.llama")
+
+#: what the batch engine (the runtime's) does and this one does not
+_UNSUPPORTED = ("logit_bias", "logprobs")
 
 _LOG_CALLBACK: Any = None
 
@@ -217,6 +220,7 @@ class LlamaEngine:
         return prompt_tokens(self._llm._model, self._formatter, request, self.name)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        refuse(request.sampling, "single-context llama.cpp", *_UNSUPPORTED)
         n = len(self.tokenize_request(request))
         if n + 1 > self.context_length:
             raise PromptTooLong(
@@ -265,6 +269,8 @@ class LlamaEngine:
             min_p=s.min_p,
             temp=s.temperature,
             repeat_penalty=s.repeat_penalty,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
         )
 
         def flush() -> None:  # text held back for stop strings or an unfinished character
@@ -302,6 +308,7 @@ class LlamaEngine:
         natural = False
         hooked = False
         try:
+            refuse(request.sampling, "single-context llama.cpp", *_UNSUPPORTED)
             tokens = self.tokenize_request(request)
             belt.count_prompt(len(tokens))
             if len(tokens) + 1 > self.context_length:

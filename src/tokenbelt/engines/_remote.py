@@ -46,7 +46,7 @@ import aiohttp
 
 from .._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest
+from ._base import GenerationRequest, refuse
 from ._upstreams import UpstreamPool, UpstreamState, UpstreamStatistics
 from ._wire import (
     READ_BUFFER_BYTES,
@@ -161,6 +161,7 @@ class RemoteEngine:
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """An estimate (the upstream's usage replaces it); a prompt too long for the
         upstream's context comes back as the upstream's own 400."""
+        refuse(request.sampling, "remote", "logprobs")
         if request.prompt is not None:
             return estimate_tokens(request.prompt)
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))
@@ -493,6 +494,10 @@ class RemoteEngine:
         if not job.produced:
             self.pool.succeeded(state, None)
         reason = _FINISH.get(finish)
+        if upstream_reason is not None and upstream_reason not in _FINISH:
+            # A tokenbelt upstream's early end reads "stop"/"length" in OpenAI's terms;
+            # its exact reason says it was not a natural one.
+            reason = None
         if reason is None:
             raise UpstreamError(f"upstream {url} ended the request: {upstream_reason or finish}")
         return reason

@@ -84,6 +84,12 @@ def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
         body["seed"] = s.seed
     if s.stop:
         body["stop"] = list(s.stop)
+    if s.frequency_penalty:
+        body["frequency_penalty"] = s.frequency_penalty
+    if s.presence_penalty:
+        body["presence_penalty"] = s.presence_penalty
+    if s.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}
     if request.messages is not None:
         body["messages"] = [dict(m) for m in request.messages]
     else:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._errors import EndOfStream, IllegalState
 from ..belt import Belt, BeltStatistics, EndReason, Trace
+from ..engines import Piece, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Reply:
     usage: Usage
     trace: Trace
     end_reason: EndReason
+    #: each generated token's log-probability, when the request asked for ``logprobs``
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def finish_reason(self) -> str:
@@ -68,6 +71,7 @@ class Stream:
     ) -> None:
         self._belt = belt
         self._pieces: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
         self._on_complete = on_complete
         self._completed = False
 
@@ -92,6 +96,15 @@ class Stream:
         return "".join(self._pieces)
 
     @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """The log-probability of each token read so far (``logprobs=True``; else empty).
+
+        A token whose text is held back (the start of a stop string, part of a
+        character) is here as soon as it is read, before its text is.
+        """
+        return self._logprobs
+
+    @property
     def usage(self) -> Usage:
         t = self._belt.trace
         return Usage(
@@ -109,6 +122,10 @@ class Stream:
     def _got(self, piece: str) -> None:
         self._pieces.append(piece)
 
+    def _scored(self, piece: str) -> None:
+        if isinstance(piece, Piece):
+            self._logprobs.extend(piece.logprobs)
+
     def _ended(self) -> None:
         reason = self._belt.end_reason
         if not self._completed and reason is not None and reason.is_natural:
@@ -125,6 +142,7 @@ class Stream:
                 except StopIteration:
                     self._ended()
                     return
+                self._scored(piece)
                 if piece:
                     self._got(piece)
                     yield piece
@@ -163,7 +181,13 @@ class Stream:
         reason = self._belt.end_reason
         if reason is None:
             raise IllegalState("the stream has not ended yet; read it first")
-        return Reply(text=self.text, usage=self.usage, trace=self.trace, end_reason=reason)
+        return Reply(
+            text=self.text,
+            usage=self.usage,
+            trace=self.trace,
+            end_reason=reason,
+            logprobs=tuple(self._logprobs),
+        )
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -227,6 +251,7 @@ class _AsyncPieces:
                 self._done = True
                 self._stream._ended()
                 raise StopAsyncIteration from None
+            self._stream._scored(piece)
             if piece:
                 self._stream._got(piece)
                 return piece

@@ -42,7 +42,7 @@ def stop_reason(stream: Stream) -> str:
         return "max_tokens"
     if reason is EndReason.STOP:
         return "stop_sequence" if stream.trace.stop_sequence is not None else "end_turn"
-    return reason.openai_finish_reason  # "timeout" or "cancelled": see the module docstring
+    return "timeout" if reason.is_timeout else "cancelled"  # see the module docstring
 
 
 def _message(stream: Stream, model: str, content: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,10 +22,11 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from .. import __version__
 from .._errors import InvalidArgument
 from ..belt import EndReason
-from ..engines import GenerationRequest, Message
+from ..engines import GenerationRequest, SamplingParams
 from ..runtime import Model, Runtime, Stream, sampling_from
 from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas
-from ._errors import Dialects, error_response
+from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
+from ._errors import Dialects, UnsupportedParameter, error_response
 from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
@@ -41,16 +42,21 @@ _REQUEST_ID = Header(
 )
 
 
-def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
-    return tuple({"role": m.role, "content": m.content} for m in body.messages)
-
-
 def _prompt(body: CompletionRequest) -> str:
     if isinstance(body.prompt, str):
         return body.prompt
     if len(body.prompt) != 1:
         raise InvalidArgument("prompt must be one string (a list must hold exactly one)")
     return body.prompt[0]
+
+
+def _sampling_for(body: _Sampling, index: int) -> SamplingParams:
+    """Choice ``index``'s sampling: with a ``seed``, each choice takes the next one, so
+    the choices differ and the answer still repeats."""
+    params = body.sampling()
+    if index and body.seed is not None:
+        params["seed"] = (body.seed + index) % 2**32
+    return sampling_from(params)
 
 
 def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
@@ -134,30 +140,38 @@ def create_app(
         state.metrics.refresh_gauges()
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", summary="Models: loaded, loading, and the catalog's aliases")
+    def _served_entry(name: str) -> dict[str, Any]:
+        model = runtime.models.get(name)
+        status = state.loads.get(name)
+        return _model_entry(
+            name,
+            loaded=model is not None,
+            cached=True,
+            state=model.state.value if model else (status.state if status else None),
+            load=status.to_dict() if status else None,
+            context_length=model.context_length if model else None,
+            slots=model.statistics().slots if model else None,
+            info=model.info if model else {},
+        )
+
+    def _served(name: str) -> bool:
+        status = state.loads.get(name)
+        return name in runtime.models or (status is not None and status.state == "loading")
+
+    @app.get("/v1/models", summary="The models this server serves (loaded or loading)")
     async def list_models() -> dict[str, Any]:
-        loaded = runtime.models
+        """``data`` lists only what a request may name now or once loaded; a failed load
+        and the catalog's aliases this server could be started with are in
+        ``tokenbelt.not_served``, where no OpenAI client looks for models."""
         catalog = {c["alias"]: c for c in await anyio.to_thread.run_sync(state.catalog)}
-        data = []
+        data: list[dict[str, Any]] = []
+        not_served: list[dict[str, Any]] = []
         for name in state.model_names():
-            model = loaded.get(name)
-            status = state.loads.get(name)
-            data.append(
-                _model_entry(
-                    name,
-                    loaded=model is not None,
-                    cached=True,
-                    state=model.state.value if model else (status.state if status else None),
-                    load=status.to_dict() if status else None,
-                    context_length=model.context_length if model else None,
-                    slots=model.statistics().slots if model else None,
-                    info=model.info if model else {},
-                )
-            )
-        known = {d["id"] for d in data}
+            (data if _served(name) else not_served).append(_served_entry(name))
+        known = {d["id"] for d in data + not_served}
         for alias, entry in catalog.items():
             if alias not in known:
-                data.append(
+                not_served.append(
                     _model_entry(
                         alias,
                         loaded=False,
@@ -169,112 +183,205 @@ def create_app(
                         info={},
                     )
                 )
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": data, "tokenbelt": {"not_served": not_served}}
+
+    @app.get("/v1/models/{model_id:path}", summary="One model this server serves")
+    async def retrieve_model(model_id: str) -> JSONResponse:
+        name = runtime.name_for(model_id)
+        if not _served(name):
+            return error_response(
+                404,
+                f"this server does not serve a model {model_id!r}",
+                "invalid_request_error",
+                "model_not_found",
+                param="model",
+            )
+        return JSONResponse(_served_entry(name))
 
     # -- requests ----------------------------------------------------------------------------
 
     async def _submit(
-        model: Model, body: _Sampling, request: GenerationRequest, request_id: str | None
-    ) -> Stream:
-        submitted = await path.submit(
-            model, request, body.tokenbelt, api=API, request_id=request_id
-        )
-        return submitted.stream
+        model: Model, body: _Sampling, requests: list[GenerationRequest], request_id: str | None
+    ) -> list[Choice]:
+        """One request per choice (``n``); a refusal of any of them ends them all."""
+        choices: list[Choice] = []
+        try:
+            for i, request in enumerate(requests):
+                submitted = await path.submit(
+                    model,
+                    request,
+                    body.tokenbelt,
+                    api=API,
+                    request_id=request_id if not i else None,
+                )
+                choices.append(Choice(i, submitted.stream))
+        except BaseException:
+            for choice in choices:
+                choice.stream.cancel(EndReason.REJECTED)
+            raise
+        return choices
+
+    def _usage(choices: list[Choice]) -> dict[str, Any]:
+        """The prompt once, the completions of every choice."""
+        usage = choices[0].stream.usage.to_dict()
+        completion = sum(c.stream.usage.completion_tokens for c in choices)
+        usage["completion_tokens"] = completion
+        usage["total_tokens"] = usage["prompt_tokens"] + completion
+        return usage
+
+    def _final(choices: list[Choice]) -> dict[str, Any]:
+        extension = tokenbelt_final(choices[0].stream)
+        if len(choices) > 1:
+            extension["choices"] = [
+                {
+                    "index": c.index,
+                    "request_id": c.stream.request_id,
+                    "end_reason": (c.stream.end_reason or EndReason.RUNTIME_ERROR).value,
+                }
+                for c in choices
+            ]
+        return extension
 
     async def _events(
-        stream: Stream, model: str, obj: str, include_usage: bool, chat: bool
+        choices: list[Choice], model: str, body: _Sampling, chat: bool, echo: str | None
     ) -> AsyncIterator[object]:
-        base = {"id": stream.request_id, "object": obj, "created": int(time.time()), "model": model}
-        first = True
-        error: str | None = None
-        failed: BaseException | None = None
-        try:
-            async for piece in stream:
-                if chat:
-                    delta: dict[str, Any] = {"content": piece}
-                    if first:
-                        delta["role"] = "assistant"
-                    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-                else:
-                    choice = {"index": 0, "text": piece, "finish_reason": None}
-                first = False
-                stats = stream.statistics()
-                yield {
-                    **base,
-                    "choices": [choice],
-                    "tokenbelt": {
-                        "buffered": stats.buffered,
-                        "capacity": stats.capacity,
-                        "completion_tokens": stream.trace.completion_tokens,
-                    },
+        base = {
+            "id": choices[0].stream.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+        scored = bool(body.sampling().get("logprobs"))
+        offsets = dict.fromkeys((c.index for c in choices), len(echo) if echo else 0)
+
+        def logprobs(choice: Choice) -> dict[str, Any]:
+            if not scored:
+                return {}
+            fresh = choice.new_logprobs()
+            if chat:
+                return {"logprobs": chat_logprobs(fresh)}
+            lp = legacy_logprobs(fresh, offsets[choice.index])
+            offsets[choice.index] += sum(len(t.token) for t in fresh)
+            return {"logprobs": lp}
+
+        if echo is not None:
+            for c in choices:
+                yield {**base, "choices": [{"index": c.index, "text": echo, "finish_reason": None}]}
+        async for c, piece in pieces(choices):
+            stream = c.stream
+            if piece is None:  # this choice ended: its last chunk
+                await stream.await_released(RELEASE_WAIT_S)
+                reason = stream.end_reason or EndReason.RUNTIME_ERROR
+                last: dict[str, Any] = {
+                    "index": c.index,
+                    "finish_reason": reason.openai_finish_reason,
+                    **logprobs(c),
                 }
-        except Exception as exc:  # the engine failed: say so in the stream, then end it
-            failed = exc
-            error = f"{type(exc).__name__}: {exc}"
-        await stream.await_released(RELEASE_WAIT_S)
-        reason = stream.end_reason or EndReason.RUNTIME_ERROR
-        last: dict[str, Any] = {"index": 0, "finish_reason": reason.openai_finish_reason}
-        if chat:
-            last["delta"] = {}
-        else:
-            last["text"] = ""
-        final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": tokenbelt_final(stream)}
-        if error is not None and failed is not None:
-            _status, type_, code = _errors.failure(failed)
-            final["error"] = _errors.error_body(error, type_, code)["error"]
-        yield final
-        if include_usage:
-            yield {**base, "choices": [], "usage": stream.usage.to_dict()}
+                if chat:
+                    last["delta"] = {}
+                else:
+                    last["text"] = ""
+                final: dict[str, Any] = {
+                    **base,
+                    "choices": [last],
+                    "tokenbelt": tokenbelt_final(stream),
+                }
+                if c.failed is not None:
+                    _status, type_, code = _errors.failure(c.failed)
+                    error = f"{type(c.failed).__name__}: {c.failed}"
+                    final["error"] = _errors.error_body(error, type_, code)["error"]
+                yield final
+                continue
+            if chat:
+                delta: dict[str, Any] = {"content": piece}
+                if c.first:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": c.index, "delta": delta, "finish_reason": None}
+            else:
+                choice = {"index": c.index, "text": piece, "finish_reason": None}
+            choice.update(logprobs(c))
+            c.first = False
+            stats = stream.statistics()
+            yield {
+                **base,
+                "choices": [choice],
+                "tokenbelt": {
+                    "buffered": stats.buffered,
+                    "capacity": stats.capacity,
+                    "completion_tokens": stream.trace.completion_tokens,
+                },
+            }
+        if body.stream_options and body.stream_options.include_usage:
+            yield {**base, "choices": [], "usage": _usage(choices)}
         yield "[DONE]"
 
-    def _respond(stream: Stream, body: _Sampling, model: Model, chat: bool) -> Response:
+    def _respond(
+        choices: list[Choice], body: _Sampling, model: Model, chat: bool, echo: str | None = None
+    ) -> Response:
+        first, others = choices[0].stream, [c.stream for c in choices[1:]]
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            obj = "chat.completion.chunk" if chat else "text_completion"
-            events = _events(stream, model.name, obj, include_usage, chat)
-            return path.streaming(stream, events)
+            events = _events(choices, model.name, body, chat, echo)
+            return path.streaming(first, events, also=others)
+        scored = bool(body.sampling().get("logprobs"))
 
-        def render(s: Stream) -> dict[str, Any]:
-            reason = s.end_reason or EndReason.RUNTIME_ERROR
+        def one(c: Choice) -> dict[str, Any]:
+            s = c.stream
+            reason = (s.end_reason or EndReason.RUNTIME_ERROR).openai_finish_reason
             if chat:
                 choice: dict[str, Any] = {
-                    "index": 0,
+                    "index": c.index,
                     "message": {"role": "assistant", "content": s.text},
-                    "finish_reason": reason.openai_finish_reason,
+                    "finish_reason": reason,
                 }
-            else:
-                choice = {"index": 0, "text": s.text, "finish_reason": reason.openai_finish_reason}
+                if scored:
+                    choice["logprobs"] = chat_logprobs(s.logprobs)
+                return choice
+            choice = {"index": c.index, "text": (echo or "") + s.text, "finish_reason": reason}
+            if scored:
+                choice["logprobs"] = legacy_logprobs(s.logprobs, len(echo or ""))
+            return choice
+
+        def render(s: Stream) -> dict[str, Any]:
             return {
                 "id": s.request_id,
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()),
                 "model": model.name,
-                "choices": [choice],
-                "usage": s.usage.to_dict(),
-                "tokenbelt": tokenbelt_final(s),
+                "choices": [one(c) for c in choices],
+                "usage": _usage(choices),
+                "tokenbelt": _final(choices),
             }
 
-        return path.answer(stream, render, shape=_errors.openai_shape)
+        return path.answer(first, render, shape=_errors.openai_shape, also=others)
 
     @app.post("/v1/chat/completions", summary="Chat completion (streaming with stream=true)")
     async def chat_completions(
         body: ChatCompletionRequest, x_request_id: str | None = _REQUEST_ID
     ) -> Response:
         model = state.model_for(body.model)
-        request = GenerationRequest(
-            messages=_messages(body), sampling=sampling_from(body.sampling())
-        )
-        stream = await _submit(model, body, request, x_request_id)
-        return _respond(stream, body, model, chat=True)
+        messages = messages_for(body.messages, model.name)
+        requests = [
+            GenerationRequest(messages=messages, sampling=_sampling_for(body, i))
+            for i in range(body.n)
+        ]
+        choices = await _submit(model, body, requests, x_request_id)
+        return _respond(choices, body, model, chat=True)
 
     @app.post("/v1/completions", summary="Text completion from a raw prompt")
     async def completions(
         body: CompletionRequest, x_request_id: str | None = _REQUEST_ID
     ) -> Response:
         model = state.model_for(body.model)
-        request = GenerationRequest(prompt=_prompt(body), sampling=sampling_from(body.sampling()))
-        stream = await _submit(model, body, request, x_request_id)
-        return _respond(stream, body, model, chat=False)
+        if body.echo and body.logprobs is not None:
+            raise UnsupportedParameter(
+                "echo", "with logprobs (the prompt's log-probabilities are not computed)"
+            )
+        prompt = _prompt(body)
+        requests = [
+            GenerationRequest(prompt=prompt, sampling=_sampling_for(body, i)) for i in range(body.n)
+        ]
+        choices = await _submit(model, body, requests, x_request_id)
+        return _respond(choices, body, model, chat=False, echo=prompt if body.echo else None)
 
     @app.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")
     async def cancel(request_id: str) -> JSONResponse:

@@ -33,9 +33,12 @@ class UnsupportedParameter(InvalidArgument):
     """A request used a parameter tokenbelt does not support; answered 400, never ignored."""
 
     def __init__(self, param: str, why: str = "tokenbelt does not support it") -> None:
-        super().__init__(f"unsupported parameter {param!r}: {why}")
-        self.param = param
+        super().__init__(f"unsupported parameter {param!r}: {why}", param=param)
 
+
+#: tells the ``openai`` SDK (and others that read it) not to send the request again: the
+#: server stopped that work on purpose (a deadline, a shutdown), a retry would repeat it
+NO_RETRY = {"x-should-retry": "false"}
 
 #: (status, message, type, code, param) -> (status, body) in one API's shape
 ErrorShape = Callable[[int, str, str, str | None, str | None], tuple[int, dict[str, Any]]]
@@ -99,7 +102,7 @@ def response_for(
     if isinstance(exc, ModelLoading):
         return answer(503, str(exc), "service_unavailable", "model_loading", headers=retry)
     if isinstance(exc, RuntimeClosed):
-        return answer(503, str(exc), "service_unavailable", "shutting_down")
+        return answer(503, str(exc), "service_unavailable", "shutting_down", headers=NO_RETRY)
     if isinstance(exc, UnknownModel):
         return answer(404, str(exc), "invalid_request_error", "model_not_found", param="model")
     if isinstance(exc, PromptTooLong):
@@ -109,7 +112,7 @@ def response_for(
             400, str(exc), "invalid_request_error", "unsupported_parameter", param=exc.param
         )
     if isinstance(exc, InvalidArgument):
-        return answer(400, str(exc), "invalid_request_error", "invalid_value")
+        return answer(400, str(exc), "invalid_request_error", "invalid_value", param=exc.param)
     return answer(500, str(exc), "server_error", "internal_error")
 
 
@@ -157,8 +160,9 @@ def install(app: FastAPI, dialects: Dialects) -> None:
             )
         first = errors[0] if errors else {}
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        # 400 as OpenAI answers a bad body (its SDK raises ``BadRequestError``), not 422.
         return error_response(
-            422,
+            400,
             _describe(errors),
             "invalid_request_error",
             "invalid_body",

@@ -32,16 +32,53 @@ class TokenbeltOptions(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(
+        None, description="accepted, no effect: a local stream is not padded"
+    )
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``text`` parts can be answered here."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    """One message; ``developer`` is read as ``system``; ``tool`` carries a tool's result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = Field(
+        None, description="a string or a list of text parts; may be null only for assistant"
+    )
+    name: str | None = Field(None, max_length=256, description="the speaker's name")
+    tool_call_id: str | None = Field(None, max_length=256)
+    refusal: str | None = Field(None, description="accepted on assistant messages, no effect")
+
+
+#: OpenAI request fields that mean nothing to a local server: accepted, with no effect
+IGNORED_FIELDS = (
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+)
+#: most choices one request may ask for (``n``): each is a sequence of its own
+MAX_CHOICES = 16
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Anything not declared here is a 400 naming it: a parameter is never silently ignored.
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="a loaded model's alias; default: the first")
     stream: bool = False
@@ -60,8 +97,22 @@ class _Sampling(BaseModel):
     repeat_penalty: float | None = Field(None, gt=0, le=10)
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
     stop: str | list[str] | None = Field(None, max_length=16)
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    n: int = Field(
+        1, ge=1, le=MAX_CHOICES, description="choices to generate, each a sequence of its own"
+    )
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(
+        None, max_length=1024, description="token id -> bias in [-100, 100]"
+    )
     tokenbelt: TokenbeltOptions | None = None
+    # accepted without effect: see IGNORED_FIELDS
+    user: str | None = Field(None, description="accepted, no effect")
+    store: bool | None = Field(None, description="accepted, no effect")
+    metadata: dict[str, str] | None = Field(None, description="accepted, no effect")
+    service_tier: str | None = Field(None, description="accepted, no effect")
+    prompt_cache_key: str | None = Field(None, description="accepted, no effect")
+    safety_identifier: str | None = Field(None, description="accepted, no effect")
 
     def sampling(self) -> dict[str, object]:
         """The sampling keyword arguments the runtime takes (None = its default).
@@ -78,6 +129,9 @@ class _Sampling(BaseModel):
             "repeat_penalty": self.repeat_penalty,
             "seed": self.seed,
             "stop": [stop] if isinstance(stop, str) else stop,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "logit_bias": self.logit_bias,
         }
 
 
@@ -85,9 +139,31 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    logprobs: bool = Field(False, description="each output token's log-probability")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="with logprobs: the likeliest tokens of each step"
+    )
+
+    def sampling(self) -> dict[str, object]:
+        return {
+            **super().sampling(),
+            "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
+        }
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
     prompt: str | list[str] = Field(description="one prompt (a list must hold exactly one)")
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="log-probabilities of each token and its N likeliest"
+    )
+    echo: bool = Field(False, description="put the prompt before the completion")
+
+    def sampling(self) -> dict[str, object]:
+        return {
+            **super().sampling(),
+            "logprobs": self.logprobs is not None,
+            "top_logprobs": self.logprobs,
+        }

@@ -8,7 +8,7 @@ disconnect all happen here, the same way for each of them.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
-from ._errors import ErrorShape, compact_json, error_response, failure
+from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._responses import DeferredResponse, Encode, EventStreamResponse, disconnect, sse
 from ._schemas import TokenbeltOptions
 from ._state import ServerState
@@ -107,14 +107,13 @@ class RequestPath:
         headers: dict[str, str] | None = None,
         encode: Encode = sse,
         media_type: str = "text/event-stream; charset=utf-8",
+        also: Sequence[Stream] = (),
     ) -> Response:
-        """A streamed body; a client that goes away ends the request ``client_disconnect``."""
+        """A streamed body; a client that goes away ends the request ``client_disconnect``
+        (and the requests of the other choices, ``also``, when it asked for several)."""
         head = {"x-request-id": stream.request_id, **(headers or {})}
-        return Asgi(
-            EventStreamResponse(
-                disconnect(stream), events, head, encode=encode, media_type=media_type
-            )
-        )
+        stop = disconnect(stream) if not also else _disconnect_all([stream, *also])
+        return Asgi(EventStreamResponse(stop, events, head, encode=encode, media_type=media_type))
 
     @staticmethod
     def answer(
@@ -123,45 +122,73 @@ class RequestPath:
         *,
         shape: ErrorShape,
         headers: dict[str, str] | None = None,
+        also: Sequence[Stream] = (),
     ) -> Response:
-        """A non-streaming answer, written once the engine has let go of the request.
+        """A non-streaming answer, written once the engine has let go of the request
+        (and of the other choices' requests, ``also``, all read at the same time).
 
         The end decides the status: 500 for an engine failure (an upstream's 4xx passes
         through, any other upstream failure is 502), 504 for a deadline, 503
         for a shutdown (each in the API's error ``shape``, with the exact end reason and
-        trace beside it); any other end is ``render(stream)`` with 200.
+        trace beside it; the last two with ``x-should-retry: false``, since a retry would
+        repeat work the server stopped); any other end is ``render(stream)`` with 200.
         """
         head = {"x-request-id": stream.request_id, **(headers or {})}
 
-        def failed(status: int, message: str, type_: str, code: str) -> Response:
+        def failed(
+            ended: Stream, status: int, message: str, type_: str, code: str, retry: bool = True
+        ) -> Response:
             return error_response(
                 status,
                 message,
                 type_,
                 code,
-                headers=head,
-                extra={"tokenbelt": tokenbelt_final(stream)},
+                headers=head if retry else {**head, **NO_RETRY},
+                extra={"tokenbelt": tokenbelt_final(ended)},
                 shape=shape,
             )
 
-        async def compute() -> Response:
+        streams = [stream, *also]
+
+        async def read(i: int, errors: list[Exception | None]) -> None:
             try:
-                await stream.aread()
+                await streams[i].aread()
             except Exception as exc:
-                await stream.await_released(RELEASE_WAIT_S)
-                head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
-                status, type_, code = failure(exc)
-                return failed(status, f"generation failed: {exc}", type_, code)
-            await stream.await_released(RELEASE_WAIT_S)
+                errors[i] = exc
+
+        async def compute() -> Response:
+            errors: list[Exception | None] = [None] * len(streams)
+            if also:
+                async with anyio.create_task_group() as group:
+                    for i in range(len(streams)):
+                        group.start_soon(read, i, errors)
+            else:
+                await read(0, errors)
+            for s in streams:
+                await s.await_released(RELEASE_WAIT_S)
             head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
-            reason = stream.end_reason or EndReason.RUNTIME_ERROR
-            if reason.is_timeout:
-                return failed(
-                    504, f"the request ended with {reason.value}", "timeout", reason.value
-                )
-            if reason is EndReason.SHUTDOWN:
-                return failed(503, "the server is shutting down", "service_unavailable", "shutdown")
+            for s, exc in zip(streams, errors, strict=True):
+                if exc is not None:
+                    status, type_, code = failure(exc)
+                    return failed(s, status, f"generation failed: {exc}", type_, code)
+            for s in streams:
+                reason = s.end_reason or EndReason.RUNTIME_ERROR
+                if reason.is_timeout:
+                    message = f"the request ended with {reason.value}"
+                    return failed(s, 504, message, "timeout", reason.value, retry=False)
+                if reason is EndReason.SHUTDOWN:
+                    message = "the server is shutting down"
+                    return failed(s, 503, message, "service_unavailable", "shutdown", retry=False)
             return JSONResponse(render(stream), headers=head)
 
         later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
-        return Asgi(DeferredResponse(disconnect(stream), later))
+        stop = disconnect(stream) if not also else _disconnect_all(streams)
+        return Asgi(DeferredResponse(stop, later))
+
+
+def _disconnect_all(streams: Sequence[Stream]) -> Callable[[], None]:
+    def stop() -> None:
+        for s in streams:
+            disconnect(s)()
+
+    return stop

@@ -424,7 +424,9 @@
   async function refreshModels() {
     let data;
     try {
-      data = (await getJson("v1/models")).data || [];
+      const listing = await getJson("v1/models");
+      // A failed load is listed apart from the served models; the page still shows it.
+      data = (listing.data || []).concat((listing.tokenbelt || {}).not_served || []);
     } catch (err) {
       showError(`Could not list the models: ${err.message}`);
       scheduleModels(2000);

@@ -1,0 +1,146 @@
+"""The pieces of an OpenAI answer that a request's options add: several choices (``n``),
+log-probabilities in the chat and legacy shapes, and message content given as parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ..engines import Message, TokenLogprob
+from ..runtime import Stream
+from ._errors import UnsupportedParameter
+from ._schemas import ChatMessage
+
+#: content part types that hold an image (answered with a 400 naming the missing vision)
+_IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def messages_for(messages: Sequence[ChatMessage], model: str) -> tuple[Message, ...]:
+    """Chat messages as the engine takes them.
+
+    ``developer`` becomes ``system``; a list of text parts is joined with newlines (as
+    vLLM does); an image part is a 400 that says the model has no vision; ``null``
+    content is allowed only for ``assistant`` (a turn that was all tool calls).
+    """
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        content = m.content
+        if content is None:
+            if m.role != "assistant":
+                raise UnsupportedParameter(
+                    f"messages.{i}.content", f"a {m.role} message needs content"
+                )
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        else:
+            texts = []
+            for j, part in enumerate(content):
+                where = f"messages.{i}.content.{j}"
+                if part.type in _IMAGE_PARTS:
+                    raise UnsupportedParameter(
+                        where, f"{model} has no vision: it reads text only, so it cannot see images"
+                    )
+                if part.type != "text" or part.text is None:
+                    raise UnsupportedParameter(
+                        where, f"content parts of type {part.type!r}; {model} reads text parts only"
+                    )
+                texts.append(part.text)
+            text = "\n".join(texts)
+        message: Message = {"role": role, "content": text}
+        if m.name is not None:
+            message["name"] = m.name
+        out.append(message)
+    return tuple(out)
+
+
+# -- log-probabilities ------------------------------------------------------------------------
+
+
+def _entry(t: TokenLogprob) -> dict[str, Any]:
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """The chat ``logprobs`` object: ``{"content": [...], "refusal": null}``."""
+    content = [{**_entry(t), "top_logprobs": [_entry(a) for a in t.top]} for t in entries]
+    return {"content": content, "refusal": None}
+
+
+def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
+    """The completions ``logprobs`` object; ``offset`` is where the first token's text
+    starts in the choice's text (after an echoed prompt)."""
+    offsets = []
+    for t in entries:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {
+        "tokens": [t.token for t in entries],
+        "token_logprobs": [t.logprob for t in entries],
+        "top_logprobs": [{a.token: a.logprob for a in t.top} for t in entries],
+        "text_offset": offsets,
+    }
+
+
+class Choice:
+    """One choice of an answer: its index, its request's stream, what was sent of it."""
+
+    __slots__ = ("failed", "first", "index", "sent", "stream")
+
+    def __init__(self, index: int, stream: Stream) -> None:
+        self.index = index
+        self.stream = stream
+        self.first = True
+        #: the engine's exception, if it failed
+        self.failed: Exception | None = None
+        self.sent = 0
+
+    def new_logprobs(self) -> list[TokenLogprob]:
+        """The log-probabilities read since the last call."""
+        read = self.stream.logprobs
+        fresh, self.sent = read[self.sent :], len(read)
+        return fresh
+
+
+async def pieces(choices: Sequence[Choice]) -> AsyncIterator[tuple[Choice, str | None]]:
+    """``(choice, piece)`` as the choices' streams produce them, ``(choice, None)`` when
+    one ends (its ``failed`` set if its engine failed).
+
+    Each stream has at most one read outstanding, so each keeps its own backpressure;
+    one choice is read directly, without a task per piece.
+    """
+    if len(choices) == 1:
+        only = choices[0]
+        try:
+            async for piece in only.stream:
+                yield only, piece
+        except Exception as exc:
+            only.failed = exc
+        yield only, None
+        return
+    readers = {c.index: aiter(c.stream) for c in choices}
+    pending: dict[asyncio.Future[str], Choice] = {
+        asyncio.ensure_future(anext(readers[c.index])): c for c in choices
+    }
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: pending[t].index):
+                choice = pending.pop(task)
+                try:
+                    piece = task.result()
+                except StopAsyncIteration:
+                    yield choice, None
+                    continue
+                except Exception as exc:
+                    choice.failed = exc
+                    yield choice, None
+                    continue
+                yield choice, piece
+                pending[asyncio.ensure_future(anext(readers[choice.index]))] = choice
+    finally:
+        for task in pending:
+            task.cancel()
