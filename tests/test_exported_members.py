@@ -50,6 +50,7 @@ EXPECTED = {
     "UpstreamError",
     "UpstreamUnavailable",
     "Usage",
+    "WorkerCrashed",
     "__version__",
 }
 
