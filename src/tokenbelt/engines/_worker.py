@@ -151,7 +151,7 @@ class _Job:
 
 
 class _Process:
-    """One worker process, its pipe and the two threads that serve the pipe."""
+    """One worker process, its pipe and what waits to be sent on it."""
 
     def __init__(self, popen: subprocess.Popen[bytes], conn: Connection, number: int) -> None:
         self.popen = popen
@@ -168,7 +168,6 @@ class _Process:
         #: why the parent killed it, when it did
         self.cause: str | None = None
         self.load_by: float | None = None
-        self.threads: list[threading.Thread] = []
 
     def post(self, message: tuple[Any, ...]) -> None:
         """Queue a message for the sender thread; never blocks (safe under a belt's lock)."""
@@ -249,16 +248,26 @@ class WorkerEngine:
         self._vocab, self._formatter = self._load_vocab()
         crash_point = os.environ.get(ABORT_ENV) or None
         first = self._spawn(crash_point)
+        # Three threads serve every worker this engine starts, one after another: the
+        # reader, the sender (the one place that writes to the pipe; it may block) and
+        # the supervisor (grace kills, restarts).
+        self._threads = [
+            threading.Thread(
+                target=target, name=f"tokenbelt-worker-{role}-{self.name}", daemon=True
+            )
+            for role, target in (
+                ("read", self._reader),
+                ("send", self._sender),
+                ("watch", self._supervise),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
         try:
             self._await_first(first)
         except BaseException:
-            self._stop_process(first)
-            self._vocab.close()
+            self.close()
             raise
-        self._supervisor = threading.Thread(
-            target=self._supervise, name=f"tokenbelt-worker-watch-{self.name}", daemon=True
-        )
-        self._supervisor.start()
 
     @classmethod
     def load(
@@ -318,20 +327,15 @@ class WorkerEngine:
         with self._cond:
             closed = self._closed
             if not closed:
-                # Before its reader starts: its "ready" must find it the current worker.
+                # Before its first message: its "ready" must find it the current worker.
                 self._current = w
-        for role, target in (("read", self._read), ("send", self._send)):
-            thread = threading.Thread(
-                target=target,
-                args=(w,),
-                name=f"tokenbelt-worker-{role}-{self.name}-{w.number}",
-                daemon=True,
-            )
-            w.threads.append(thread)
-            thread.start()
-        logger.info("engine worker %s started for %s", w.pid, self.name)
+                self._cond.notify_all()  # the reader and the sender move on to it
         if closed:
-            self._stop_process(w)
+            w.kill("the engine closed")
+            w.popen.wait()
+            w.conn.close()
+            return w
+        logger.info("engine worker %s started for %s", w.pid, self.name)
         return w
 
     def _await_first(self, w: _Process) -> None:
@@ -348,8 +352,26 @@ class WorkerEngine:
                 f"{w.cause or 'the engine worker died'} while loading {self.model_path.name}"
             )
 
+    def _next(self, w: _Process) -> _Process | None:
+        """Wait for the worker after ``w``; None once the engine closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._current is not w)
+            return None if self._current is w else self._current
+
+    def _sender(self) -> None:
+        w: _Process | None = self._current
+        while w is not None:
+            self._send(w)
+            w = self._next(w)
+
+    def _reader(self) -> None:
+        w: _Process | None = self._current
+        while w is not None:
+            self._read(w)
+            w = self._next(w)
+
     def _send(self, w: _Process) -> None:
-        """The sender thread: the one place that writes to the pipe (it may block)."""
+        """Write ``w``'s outbox to its pipe until it is gone."""
         while True:
             with w.cond:
                 while not w.outbox and not w.done:
@@ -366,7 +388,7 @@ class WorkerEngine:
                 return  # the worker is gone: the reader thread ends its requests
 
     def _read(self, w: _Process) -> None:
-        """The reader thread: apply the worker's messages; when it ends, end its requests."""
+        """Apply ``w``'s messages; when it ends, end the requests it held."""
         try:
             while True:
                 try:
@@ -649,7 +671,6 @@ class WorkerEngine:
         with self._cond:
             if self._closed:
                 return
-            old = self._current
             self._restarts += 1
             self._state = WorkerState.STARTING
         try:
@@ -664,8 +685,6 @@ class WorkerEngine:
                     self._jobs.pop(job.rid, None)
                     self._doomed.append((job, WorkerCrashed(str(exc))))
                 self._cond.notify_all()
-        for thread in old.threads:
-            thread.join()
 
     # -- state -------------------------------------------------------------------------------
 
@@ -708,16 +727,13 @@ class WorkerEngine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _stop_process(self, w: _Process) -> None:
-        """Ask a worker to exit, kill it if it does not, wait for its threads."""
+        """Ask a worker to exit and wait; kill it if it does not."""
         w.post(("close",))
         try:
             w.popen.wait(_EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             logger.warning("engine worker %s did not exit; killing it", w.pid)
             w.kill("engine worker killed: it did not exit when closed")
-        for thread in w.threads:
-            if thread is not threading.current_thread():
-                thread.join()
 
     def close(self) -> None:
         """End the worker (its memory returns to the system); requests end ``shutdown``.
@@ -744,6 +760,7 @@ class WorkerEngine:
         for job in list(self._jobs.values()):
             job.producer.cancel(EndReason.SHUTDOWN)
         self._stop_process(w)
-        if self._supervisor is not threading.current_thread():
-            self._supervisor.join()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
         self._vocab.close()
