@@ -104,6 +104,8 @@ class WorkerStatistics:
     last_crash: str | None
     #: resident memory of the running worker in bytes (None while none runs)
     rss_bytes: int | None
+    #: why the engine failed (workers kept dying while loading), or None
+    failure: str | None = None
 
 
 def describe_exit(code: int) -> str:
@@ -707,6 +709,7 @@ class WorkerEngine:
             restarts=self._restarts,
             last_crash=self._last_crash,
             rss_bytes=w.rss() if running else None,
+            failure=self._failure,
         )
 
     @property
