@@ -295,9 +295,13 @@ class WorkerEngine:
             raise ModelLoadError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
         return model, chat_formatter(model)
 
+    def tokenize_request(self, request: GenerationRequest) -> list[int]:
+        """The prompt tokens for a request, as the worker's engine makes them."""
+        return prompt_tokens(self._vocab, self._formatter, request, self.name)
+
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenize in this process (vocabulary only); raises ``PromptTooLong``."""
-        n = len(prompt_tokens(self._vocab, self._formatter, request, self.name))
+        n = len(self.tokenize_request(request))
         if n + 1 > self.context_length:
             raise PromptTooLong(
                 f"the prompt has {n} tokens but each sequence holds {self.context_length} "
@@ -719,7 +723,15 @@ class WorkerEngine:
 
     @property
     def threads(self) -> int:
+        """The worker's llama.cpp threads, as of its latest release (else its fixed count)."""
+        if self._stats is not None:
+            return self._stats.threads
         return int(self._current.info.get("n_threads", 0))
+
+    @property
+    def n_batch(self) -> int:
+        """Most tokens of one step in the worker's engine."""
+        return int(self._current.info.get("n_batch", 0))
 
     def statistics(self) -> BatchStatistics:
         """The worker's batch counters as of its latest release (since it started)."""

@@ -320,6 +320,7 @@ def _info(engine: BatchEngine) -> dict[str, Any]:
         "n_threads": engine.n_threads,
         "n_threads_batch": engine.n_threads_batch,
         "n_ctx_train": engine.n_ctx_train,
+        "n_batch": engine.n_batch,
     }
 
 
