@@ -164,6 +164,7 @@ def test_a_hung_worker_is_killed_within_the_grace_and_the_stop_released(
     assert trace.worker is not None
     assert trace.worker["pid"] == pid
     assert "a stop was not honoured within 1.5 s" in trace.worker["killed"]
+    assert trace.worker["killed_after_stop_ms"] >= GRACE * 1000
     assert trace.release_lagged  # the release-lag alert fired
     assert "release_lag" in recorder.kinds(stream.request_id)
     wait_until(lambda: not psutil.pid_exists(pid), "the hung worker gone")

@@ -121,9 +121,9 @@ def add_isolation_options(p: argparse.ArgumentParser, *, grace: bool = True) -> 
         "--isolation",
         choices=("thread", "process"),
         default="thread",
-        help="run the model in this process (thread, default) or in a worker process "
-        "(process: a native crash ends the running requests instead of the program, and "
-        "the worker restarts)",
+        help="where the model runs (default thread: in this process); process: in a worker "
+        "process, whose native crash ends the running requests instead of the program, and "
+        "which restarts",
     )
     if grace:
         p.add_argument(

@@ -405,9 +405,18 @@ class WorkerEngine:
                     logger.error("engine worker %s sent what cannot be read: %s", w.pid, exc)
                     w.kill(f"engine worker sent a message that could not be read: {exc}")
                     break
-                self._handle(w, message)
+                try:
+                    self._handle(w, message)
+                except Exception as exc:  # a message that makes no sense here
+                    logger.exception("engine worker %s: cannot apply %r", w.pid, message[:2])
+                    w.kill(f"engine worker killed: it sent a message that failed here: {exc}")
+                    break
         finally:
-            code = w.popen.wait()
+            try:
+                code = w.popen.wait(_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:  # it closed its pipe but does not exit
+                w.kill("engine worker killed: it closed its pipe but did not exit")
+                code = w.popen.wait()
             w.conn.close()
             self._gone(w, code)
 
@@ -669,7 +678,14 @@ class WorkerEngine:
             return
         cause = f"engine worker killed: a stop was not honoured within {self.stop_grace} s"
         trace = job.producer.trace
-        trace.worker = {"pid": w.pid, "killed": cause, "killed_at": time.monotonic()}
+        stopped = trace.cancel_requested
+        trace.worker = {
+            "pid": w.pid,
+            "killed": cause,
+            "killed_after_stop_ms": (
+                None if stopped is None else round((trace.clock() - stopped) * 1000, 3)
+            ),
+        }
         logger.warning("request %s: %s", trace.request_id, cause)
         w.kill(cause)
 
