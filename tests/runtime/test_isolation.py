@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tokenbelt import EndReason, Model, Runtime, Stream, WorkerCrashed
+from tokenbelt import EndReason, Limits, LoadTimeout, Model, Runtime, Stream, WorkerCrashed
 from tokenbelt.engines import WorkerEngine
 from tokenbelt.engines._worker import ABORT_ENV
 from tokenbelt.models import default_model_path
@@ -151,7 +152,10 @@ def test_a_hung_worker_is_killed_within_the_grace_and_the_stop_released(
     pid = worker_pid(model)
     os.kill(pid, signal.SIGSTOP)
     try:
+        asked = time.monotonic()
         assert stream.cancel()
+        # The stop is posted, not sent: the caller (an event loop) never waits on the worker.
+        assert time.monotonic() - asked < GRACE / 2
         assert stream.wait_released(GRACE + NET)
     finally:
         if psutil.pid_exists(pid):  # never leave a stopped process behind
@@ -189,6 +193,22 @@ def test_a_paused_reader_holds_the_worker_within_its_capacity(model: Model) -> N
     assert paused.trace.completion_tokens <= 20 + 4 + 1
     paused.cancel()
     assert paused.wait_released(NET)
+
+
+def test_a_deadline_ends_a_stream_nobody_reads_and_the_worker_lets_go(model: Model) -> None:
+    stream = model.stream(SEA, max_tokens=400, capacity=2, limits=Limits(total=0.5), **GREEDY)
+    assert stream.wait_released(NET)
+    assert stream.end_reason is EndReason.TOTAL_TIMEOUT
+    assert stream.trace.completion_tokens <= 2 + 1
+    assert model.complete(HELLO, max_tokens=4, **GREEDY).end_reason is EndReason.LENGTH
+
+
+def test_a_load_that_takes_too_long_kills_its_worker() -> None:
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(LoadTimeout):
+        WorkerEngine(default_model_path(), n_ctx=512, load_timeout=0.001)
+    started = [p for p in psutil.Process().children() if p.pid not in before]
+    assert started == []  # killed and reaped
 
 
 def test_a_stop_during_prefill_reaches_the_worker_within_a_step(

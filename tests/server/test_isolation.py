@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -99,3 +100,8 @@ def test_kill_9_of_the_worker_mid_stream_over_http(tmp_path: Path) -> None:
         assert "tokenbelt_worker_restarts_total" in metrics
         assert 'cause="engine worker killed by signal 9 (SIGKILL)"' in metrics
         assert f'tokenbelt_worker_pid{{model="{name}"}} {float(worker["pid"])}' in metrics
+    # The service ended (SIGTERM): its worker went with it.
+    deadline = time.monotonic() + NET
+    while psutil.pid_exists(worker["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(worker["pid"])
