@@ -74,6 +74,8 @@ _BACKOFF = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
 _CALM_S = 30.0
 #: seconds ``close()`` waits for the worker to exit before killing it
 _EXIT_WAIT_S = 10.0
+#: the folder that holds the ``tokenbelt`` package
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class WorkerState(enum.Enum):
@@ -314,11 +316,15 @@ class WorkerEngine:
     def _spawn(self, crash_point: str | None = None) -> _Process:
         """Start a worker process and send it the model to load; does not wait."""
         ours, theirs = socket.socketpair()
+        # The worker imports the tokenbelt this process runs, wherever it came from.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "tokenbelt.engines._worker_main", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
+                env=env,
             )
         except OSError as exc:
             ours.close()
