@@ -251,7 +251,11 @@ class WorkerEngine:
         self._current: _Process
         self._vocab, self._formatter = self._load_vocab()
         crash_point = os.environ.get(ABORT_ENV) or None
-        first = self._spawn(crash_point)
+        try:
+            first = self._spawn(crash_point)
+        except BaseException:
+            self._vocab.close()
+            raise
         # Three threads serve every worker this engine starts, one after another: the
         # reader, the sender (the one place that writes to the pipe; it may block) and
         # the supervisor (grace kills, restarts).
