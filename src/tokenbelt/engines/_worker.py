@@ -657,6 +657,8 @@ class WorkerEngine:
                 doomed, self._doomed = self._doomed, []
                 w = self._current
                 slow_load = w.load_by is not None and w.load_by <= now and not w.done
+                if slow_load:
+                    w.load_by = None  # killed once
                 restart = self._restart_at is not None and self._restart_at <= now
                 if restart:
                     self._restart_at = None
