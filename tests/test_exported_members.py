@@ -51,6 +51,7 @@ EXPECTED = {
     "UpstreamError",
     "UpstreamUnavailable",
     "Usage",
+    "WorkerCrashed",
     "__version__",
 }
 

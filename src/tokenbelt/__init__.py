@@ -33,6 +33,7 @@ from ._errors import (
     UnknownModel,
     UpstreamError,
     UpstreamUnavailable,
+    WorkerCrashed,
 )
 from .belt import Belt, BeltStatistics, EndReason, Limits, Trace, TraceEvent
 from .engines import (
@@ -103,5 +104,6 @@ __all__ = [
     "UpstreamError",
     "UpstreamUnavailable",
     "Usage",
+    "WorkerCrashed",
     "__version__",
 ]

@@ -14,6 +14,7 @@ each (``raise ... from exc``) so callers never need to catch a library's own typ
     │   ├── LoadTimeout ..................... loading took longer than ``load_timeout``
     │   ├── PromptTooLong ................... the prompt does not fit the context
     │   ├── DecodeError ..................... the engine failed while generating
+    │   ├── WorkerCrashed ................... the engine's worker process died or was killed
     │   └── UpstreamError ................... a remote engine's upstream refused or failed
     │       └── UpstreamUnavailable ......... none could serve: refused, 5xx, reset, ejected
     ├── ModelError
@@ -82,6 +83,14 @@ class ModelLoadError(EngineError):
 
 class LoadTimeout(EngineError):
     """Loading a model took longer than its load deadline."""
+
+
+class WorkerCrashed(EngineError):
+    """The engine's worker process died (a signal, an exit) or was killed for a late stop.
+
+    Every request it held ends ``runtime_error`` with this error; the message names the
+    cause ("engine worker killed by signal 9 (SIGKILL)").
+    """
 
 
 class PromptTooLong(EngineError, ValueError):

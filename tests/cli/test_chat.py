@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pexpect
+import psutil
 import pytest
 
 from serving import free_port, serve_default_model
@@ -104,6 +105,31 @@ def test_ctrl_c_mid_reply_stops_generation_and_the_prompt_returns() -> None:
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
+
+
+@pytest.mark.model
+def test_ctrl_c_with_the_model_in_a_worker_process_stops_the_reply_not_the_worker() -> None:
+    """The terminal's Ctrl-C reaches the whole process group, the worker too: the worker
+    ignores it, the chat stops the reply, and the same worker answers the next question."""
+    with chat(str(default_model_path()), "--max-tokens", "4000", "--isolation", "process") as c:
+        c.expect(r"in worker process (\d+)")
+        assert c.match is not None
+        pid = int(c.match[1])
+        status = _stop_mid_reply(c)
+        assert status["reason"] == "user_cancel"
+        assert status["late"] is None
+        c.sendline("Say hello.")
+        c.expect_exact("Say hello.")
+        c.expect(STATUS)
+        assert c.match is not None
+        assert c.match["reason"] in {"stop", "length"}
+        assert psutil.pid_exists(pid)  # the same worker served it
+        c.expect_exact(PROMPT)
+        c.sendeof()
+        c.expect(pexpect.EOF)
+        c.close()
+        assert c.exitstatus == 0
+    assert not psutil.pid_exists(pid)  # the chat ended, and its worker with it
 
 
 @pytest.mark.model

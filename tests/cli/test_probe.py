@@ -67,6 +67,30 @@ def test_probe_json_on_the_default_model(tmp_path: Path) -> None:
     assert report["unload_rss_residual_mb"] < RSS_TOLERANCE_MB
 
 
+@pytest.mark.model
+def test_probe_in_a_worker_process_reports_the_worker_memory_returned(tmp_path: Path) -> None:
+    env = dict(os.environ, TOKENBELT_HOME=str(tmp_path / "tbhome"))
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenbelt", "probe", "--isolation", "process", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert report["isolation"] == "process"
+    assert report["reply"]
+    assert report["cancel_prefill_landed"] == "prefill"
+    for key in ("cancel_release_prefill_ms", "cancel_release_decode_ms"):
+        assert 0 <= report[key] < 1000, key
+    # The weights lived in the worker, and unloading ended it: all of its memory is back.
+    assert report["worker_rss_loaded_mb"] > 50
+    assert report["worker_rss_after_unload_mb"] == 0.0
+    assert report["rss_loaded_mb"] - report["rss_before_load_mb"] < report["worker_rss_loaded_mb"]
+
+
 def test_probe_of_an_unknown_alias_fails_at_resolve(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

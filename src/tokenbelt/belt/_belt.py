@@ -622,6 +622,10 @@ class Producer(Generic[T]):
     def end_reason(self) -> EndReason | None:
         return self._belt.end_reason
 
+    def statistics(self) -> BeltStatistics:
+        """The belt's counters: how many items the reader has taken (``consumed``)."""
+        return self._belt.statistics()
+
     def has_room(self) -> bool:
         return self._belt.has_room()
 

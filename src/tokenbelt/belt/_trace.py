@@ -102,6 +102,9 @@ class Trace:
         #: a remote engine's upstream: its URL, its request id and (from a tokenbelt
         #: upstream) its own trace, whose ``released`` says when its slot was free
         self.upstream: dict[str, Any] | None = None
+        #: the engine worker process that served it: its ``pid``, and ``killed`` (why
+        #: the runtime killed it) when a stop it did not honour in time ended it
+        self.worker: dict[str, Any] | None = None
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
         # Events wait here in the order their facts were recorded; ``flush`` delivers them.
@@ -327,6 +330,7 @@ class Trace:
             "release_lagged": self.release_lagged,
             "batched_with": sorted(self.batched_with),
             "upstream": self.upstream,
+            "worker": self.worker,
         }
 
     def __repr__(self) -> str:

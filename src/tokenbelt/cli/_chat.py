@@ -34,6 +34,7 @@ from ..belt import EndReason
 from ..runtime import DEFAULT_ALIAS, ChatSession, Model, Runtime, Stream
 from ._common import (
     Parser,
+    add_isolation_options,
     fail,
     missing_model_file,
     non_negative_int,
@@ -249,10 +250,18 @@ def load_local(
     system: str | None,
     threads: int | None = None,
     threads_batch: int | None = None,
+    isolation: str = "thread",
+    stop_grace: float = 3.0,
     **sampling: Any,
 ) -> LocalBackend:
     """Load ``alias`` and start a session on it; prints the startup line."""
-    runtime = Runtime(keep_alive=None, n_threads=threads, n_threads_batch=threads_batch)
+    runtime = Runtime(
+        keep_alive=None,
+        n_threads=threads,
+        n_threads_batch=threads_batch,
+        isolation=isolation,
+        stop_grace=stop_grace,
+    )
     try:
         model = _load_with_progress(runtime, alias, console)
         session = model.chat(system=system, **sampling)
@@ -661,6 +670,7 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--threads-batch", type=thread_count, help="llama.cpp prompt threads (default: adaptive)"
     )
+    add_isolation_options(p)
     p.set_defaults(func=main)
     p.epilog = f"commands at the prompt:\n{help_text()}\n\n{p.epilog}"
 
@@ -694,6 +704,8 @@ def main(args: argparse.Namespace) -> int:
             system=args.system,
             threads=args.threads,
             threads_batch=args.threads_batch,
+            isolation=args.isolation,
+            stop_grace=args.stop_grace,
             **sampling,
         )
     with contextlib.suppress(ImportError):

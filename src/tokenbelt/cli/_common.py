@@ -115,6 +115,27 @@ def thread_count(text: str) -> int:
     return _convert(text, lambda t: check_threads("value", int(t)) or 1)
 
 
+def add_isolation_options(p: argparse.ArgumentParser, *, grace: bool = True) -> None:
+    """``--isolation`` (and ``--stop-grace``), shared by the commands that load a model."""
+    p.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default="thread",
+        help="where the model runs (default thread: in this process); process: in a worker "
+        "process, whose native crash ends the running requests instead of the program, and "
+        "which restarts",
+    )
+    if grace:
+        p.add_argument(
+            "--stop-grace",
+            type=positive_duration,
+            default=3.0,
+            metavar="S",
+            help="with --isolation process: seconds a stop may take before the worker is "
+            "killed (default 3)",
+        )
+
+
 def add_thread_options(p: argparse.ArgumentParser) -> None:
     """``--threads``, ``--threads-batch`` and ``--prefill-chunk``, shared by the commands
     that load a model."""
@@ -173,6 +194,9 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
         f"{slots} slot{'s' if slots != 1 else ''}",
         f"file {info.get('path') or 'unknown'}",
     ]
+    if info.get("isolation") == "process":
+        pid = getattr(model.engines[0], "pid", None) if model.engines else None
+        parts.insert(1, f"in worker process {pid}" if pid else "in a worker process")
     if url is not None:
         parts.append(url)
     return ", ".join(parts)

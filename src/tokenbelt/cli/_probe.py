@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..models import DEFAULT_ALIAS, DEVICES, ProbeReport, run_probe
-from ._common import Parser, positive_duration, thread_count
+from ._common import Parser, add_isolation_options, positive_duration, thread_count
 
 _ROWS = (
     ("device", "device", ""),
@@ -26,6 +26,8 @@ _ROWS = (
     ("rss_loaded_mb", "RSS loaded", "MiB"),
     ("unload_rss_returned_mb", "RSS returned by unload", "MiB"),
     ("unload_rss_residual_mb", "RSS kept after unload", "MiB"),
+    ("worker_rss_loaded_mb", "worker RSS loaded", "MiB"),
+    ("worker_rss_after_unload_mb", "worker RSS after unload", "MiB"),
 )
 
 
@@ -56,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
         load_timeout=args.load_timeout,
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
+        isolation=args.isolation,
     )
     if args.json:
         print(json.dumps(report.to_dict()))
@@ -102,5 +105,6 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--threads-batch", type=thread_count, help="llama.cpp prompt threads (default: adaptive)"
     )
+    add_isolation_options(p, grace=False)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=main)

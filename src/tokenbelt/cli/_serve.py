@@ -13,6 +13,7 @@ from .._defaults import DEFAULT_MAX_TOKENS
 from ..runtime import DEFAULT_ALIAS
 from ._common import (
     Parser,
+    add_isolation_options,
     add_thread_options,
     duration,
     fail,
@@ -118,6 +119,7 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="tokens each request may hold (default 4096)",
     )
     add_thread_options(p)
+    add_isolation_options(p)
     p.add_argument(
         "--api-key",
         default=os.environ.get("TOKENBELT_API_KEY"),
@@ -209,6 +211,8 @@ def main(args: argparse.Namespace) -> int:
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
         prefill_chunk=args.prefill_chunk,
+        isolation=args.isolation,
+        stop_grace=args.stop_grace,
     )
     if args.upstream:
         models = runtime.add_upstreams(

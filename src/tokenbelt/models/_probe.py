@@ -3,7 +3,9 @@
 Steps, in order: ``resolve`` (catalog, device, fetch), ``verify`` (size, sha256),
 ``load`` (under ``load_timeout``), ``stream`` (a short reply: time to first token,
 decode rate), ``cancel_prefill`` (a stop inside a ~2000-token prefill),
-``cancel_decode`` (a stop while tokens stream), ``unload`` (process RSS returned).
+``cancel_decode`` (a stop while tokens stream), ``unload`` (process RSS returned; with
+``isolation="process"`` the model runs in a worker process, and unloading ends it: the
+report has the worker's RSS loaded and after unload).
 
 The engine is driven directly, the way the runtime drives it: a ``Belt``, a producer
 thread running ``belt.produce(engine.generate...)``, the consumer on this thread. A
@@ -29,7 +31,7 @@ from .._errors import (
     UnknownModel,
 )
 from ..belt import Belt, EndReason
-from ..engines import BatchEngine, GenerationRequest, SamplingParams
+from ..engines import BatchEngine, GenerationRequest, SamplingParams, WorkerEngine
 from ._cache import ModelCache
 from ._catalog import Catalog
 from ._device import DeviceInfo, detect_device
@@ -39,6 +41,10 @@ from ._resolve import DEFAULT_ALIAS, choose_variant
 
 MIB = 1024 * 1024
 PREFILL_TOKENS = 2000
+#: seconds into a worker's prefill at which the probe stops it
+_INTO_PREFILL_S = 0.05
+#: the engines the probe drives: in this process, or in a worker process
+_Engine = BatchEngine | WorkerEngine
 _FILLER = "The conveyor belt carries small plates of sushi past the guests at the counter. "
 _COUNTING = "The numbers from one to one thousand, in order: 1, 2, 3, 4, 5, 6, 7, 8,"
 
@@ -73,6 +79,11 @@ class ProbeReport:
     unload_rss_returned_mb: float | None = None
     #: RSS still held after unload compared to before load (native allocator caches)
     unload_rss_residual_mb: float | None = None
+    #: where the model ran: "thread" (this process) or "process" (a worker process)
+    isolation: str = "thread"
+    #: the worker process's RSS while loaded, and after unload (0: the process is gone)
+    worker_rss_loaded_mb: float | None = None
+    worker_rss_after_unload_mb: float | None = None
     failed_step: str | None = None
     error: str | None = None
     hint: str | None = None
@@ -100,7 +111,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _run(
-    engine: BatchEngine,
+    engine: _Engine,
     request: GenerationRequest,
     belt: Belt[str],
     consume: Callable[[Belt[str]], None],
@@ -127,7 +138,7 @@ class _Probe:
     def __init__(self, report: ProbeReport) -> None:
         self.report = report
 
-    def stream(self, engine: BatchEngine) -> None:
+    def stream(self, engine: _Engine) -> None:
         request = GenerationRequest.chat(
             [{"role": "user", "content": "Say hello in one short sentence."}],
             SamplingParams(max_tokens=32, temperature=0.0, seed=0),
@@ -143,7 +154,7 @@ class _Probe:
         rate = belt.trace.decode_rate
         r.decode_tok_s = None if rate is None else round(rate, 1)
 
-    def long_prompt(self, engine: BatchEngine) -> GenerationRequest:
+    def long_prompt(self, engine: _Engine) -> GenerationRequest:
         per = len(engine.tokenize_request(GenerationRequest(prompt=_FILLER)))
         prompt = _FILLER * math.ceil(PREFILL_TOKENS / max(1, per - 1))
         while len(engine.tokenize_request(GenerationRequest(prompt=prompt))) >= (
@@ -152,15 +163,23 @@ class _Probe:
             prompt = prompt[: len(prompt) * 3 // 4]
         return GenerationRequest(prompt=prompt, sampling=SamplingParams(max_tokens=8))
 
-    def cancel_prefill(self, engine: BatchEngine) -> None:
+    def cancel_prefill(self, engine: _Engine) -> None:
         request = self.long_prompt(engine)
         belt: Belt[str] = Belt(4)
         base = engine.statistics().tokens_stepped
 
+        def started(b: Belt[str]) -> bool:
+            if isinstance(engine, WorkerEngine):
+                # The worker's counters come with its releases: the admission (its
+                # prefill starts with the next step) and a moment into it, then.
+                admitted = b.trace.admitted
+                return admitted is not None and time.monotonic() - admitted > _INTO_PREFILL_S
+            return engine.statistics().tokens_stepped - base >= engine.n_batch
+
         def consume(b: Belt[str]) -> None:
             # Cancel once the first prompt chunk is evaluated: the prefill is under way.
             deadline = time.monotonic() + 120
-            while engine.statistics().tokens_stepped - base < engine.n_batch:
+            while not started(b):
                 if time.monotonic() > deadline:
                     raise _StepFailed("cancel_prefill", "the prefill never started", "run again")
                 time.sleep(0.001)
@@ -172,7 +191,7 @@ class _Probe:
         r.cancel_prefill_landed = "prefill" if belt.trace.first_token is None else "decode"
         r.cancel_release_prefill_ms = _ms(belt.trace.cancel_to_release)
 
-    def cancel_decode(self, engine: BatchEngine, after: int = 8) -> None:
+    def cancel_decode(self, engine: _Engine, after: int = 8) -> None:
         request = GenerationRequest(
             prompt=_COUNTING, sampling=SamplingParams(max_tokens=256, temperature=0.0)
         )
@@ -226,6 +245,7 @@ def run_probe(
     load_timeout: float | None = 120.0,
     n_threads: int | None = None,
     n_threads_batch: int | None = None,
+    isolation: str = "thread",
     home: Home | None = None,
     catalog: Catalog | None = None,
     progress: ProgressCallback | None = None,
@@ -238,10 +258,10 @@ def run_probe(
 
     Blocks for the whole run (seconds for the default model, plus any download).
     """
-    report = ProbeReport(alias=alias or DEFAULT_ALIAS)
+    report = ProbeReport(alias=alias or DEFAULT_ALIAS, isolation=isolation)
     home = home or Home.from_env()
     cache = ModelCache(home)
-    engine: BatchEngine | None = None
+    engine: _Engine | None = None
     try:
         try:
             cat = catalog if catalog is not None else Catalog.load(home)
@@ -268,7 +288,7 @@ def run_probe(
             report,
             "load",
             "raise --load-timeout, or check that this llama.cpp supports the model",
-            lambda: BatchEngine.load(
+            lambda: (WorkerEngine if isolation == "process" else BatchEngine).load(
                 path,
                 load_timeout=load_timeout,
                 n_ctx=min(4096, choice.entry.context_length),
@@ -289,7 +309,14 @@ def run_probe(
         _timed(report, "cancel_prefill", engine_hint, lambda: probe.cancel_prefill(loaded))
         _timed(report, "cancel_decode", engine_hint, lambda: probe.cancel_decode(loaded))
         rss_loaded = _rss()
+        worker = loaded.worker_statistics() if isinstance(loaded, WorkerEngine) else None
         _timed(report, "unload", engine_hint, loaded.close)
+        if worker is not None:
+            after = loaded.worker_statistics() if isinstance(loaded, WorkerEngine) else None
+            if worker.rss_bytes is not None:
+                report.worker_rss_loaded_mb = round(worker.rss_bytes / MIB, 1)
+            if after is not None:  # no worker process any more: all of its memory is back
+                report.worker_rss_after_unload_mb = round((after.rss_bytes or 0) / MIB, 1)
         engine = None
         rss_after = _rss()
         report.rss_before_load_mb = round(rss_before / MIB, 1)

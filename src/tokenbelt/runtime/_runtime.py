@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import RuntimeClosed, UnknownModel, UpstreamUnavailable
-from ..belt import DeadlineTimer, Limits, Observer, check_capacity
+from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
+from ..belt import DeadlineTimer, Limits, Observer, check_capacity, check_duration
 from ..engines import (
     BatchEngine,
     Engine,
@@ -18,14 +18,19 @@ from ..engines import (
     Upstream,
     UpstreamModel,
     UpstreamPool,
+    WorkerEngine,
     list_models,
 )
 from ..engines._threads import check_threads, default_threads
+from ..engines._worker import DEFAULT_STOP_GRACE
 from ..models import DEFAULT_ALIAS, find_remote, resolve_and_fetch
 from ..models._catalog import NAME_PATTERN
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
+
+#: where a loaded model runs: in this process, or in a worker process of its own
+ISOLATIONS = ("thread", "process")
 
 
 class Runtime:
@@ -43,6 +48,10 @@ class Runtime:
     first token for a long new prompt). ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
     start, so a prompt's arithmetic depends only on its batch, not on what ran before.
+    ``isolation`` says where a loaded model runs: ``"thread"`` (in this process, the
+    cheapest path) or ``"process"`` (a worker process per model: a native crash ends
+    that model's running requests with ``runtime_error`` instead of this process, the
+    worker restarts, and a stop not honoured within ``stop_grace`` seconds kills it).
     ``close()`` cancels everything with ``shutdown``, waits for every release, then
     unloads.
     """
@@ -60,8 +69,14 @@ class Runtime:
         n_threads_batch: int | None = None,
         prefill_chunk: int = 128,
         prefix_cache: bool = True,
+        isolation: str = "thread",
+        stop_grace: float = DEFAULT_STOP_GRACE,
         observers: Sequence[Observer] = (),
     ) -> None:
+        if isolation not in ISOLATIONS:
+            raise InvalidArgument(
+                f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+            )
         self.slots = check_capacity(slots, name="slots")
         self.queue_size = check_capacity(queue_size, name="queue_size")
         self.capacity = check_capacity(capacity)
@@ -73,6 +88,11 @@ class Runtime:
         self._observers: list[Observer] = list(observers)
         self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
         self.prefix_cache = prefix_cache
+        self.isolation = isolation
+        grace = check_duration("stop_grace", stop_grace, allow_zero=False)
+        if grace is None:
+            raise InvalidArgument("stop_grace must be a number of seconds, got None")
+        self.stop_grace = grace
         self._models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -282,21 +302,29 @@ class Runtime:
             prefill_chunk=self.prefill_chunk,
         )
 
+        info["isolation"] = self.isolation
+        options_of_engine: dict[str, Any] = {
+            "slots": n_slots,
+            "n_ctx": self.n_ctx,
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads_batch,
+            "n_gpu_layers": info.get("n_gpu_layers", 0),
+            "prefill_chunk": self.prefill_chunk,
+            "cache_entries": 8 if self.prefix_cache else 0,
+            "name": name,
+        }
+
         def factory() -> list[Engine]:
-            return [
-                BatchEngine.load(
-                    path,
-                    load_timeout=timeout,
-                    slots=n_slots,
-                    n_ctx=self.n_ctx,
-                    n_threads=self.n_threads,
-                    n_threads_batch=self.n_threads_batch,
-                    n_gpu_layers=info.get("n_gpu_layers", 0),
-                    prefill_chunk=self.prefill_chunk,
-                    cache_entries=8 if self.prefix_cache else 0,
-                    name=name,
-                )
-            ]
+            if self.isolation == "process":
+                return [
+                    WorkerEngine.load(
+                        path,
+                        load_timeout=timeout,
+                        stop_grace=self.stop_grace,
+                        **options_of_engine,
+                    )
+                ]
+            return [BatchEngine.load(path, load_timeout=timeout, **options_of_engine)]
 
         return self._register(name, lambda: self._model(name, factory, info=info, **options))
 

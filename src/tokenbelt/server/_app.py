@@ -7,6 +7,7 @@ rest for every API.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,7 +134,15 @@ def create_app(
         models = {name: m.state.value for name, m in runtime.models.items()}
         loads = {a: s.to_dict() for a, s in state.loads.items()}
         ready = bool(models) and all(v == "ready" for v in models.values())
-        return {"status": "ok" if ready else "loading", "models": models, "loads": loads}
+        body: dict[str, Any] = {
+            "status": "ok" if ready else "loading",
+            "models": models,
+            "loads": loads,
+        }
+        workers = {name: dataclasses.asdict(w) for name, w in state.workers().items()}
+        if workers:  # models in worker processes: pid, memory, restarts, last crash
+            body["workers"] = workers
+        return body
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics() -> Response:

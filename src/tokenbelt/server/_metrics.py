@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from ..belt import EndReason, TraceEvent, invariants
-from ..engines import BatchStatistics, UpstreamStatistics
+from ..engines import BatchStatistics, UpstreamStatistics, WorkerStatistics
 from ..runtime import SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
@@ -42,11 +42,13 @@ class Metrics:
         stats: Callable[[], dict[str, SchedulerStatistics]],
         batches: Callable[[], dict[str, BatchStatistics]] = dict,
         upstreams: Callable[[], dict[str, list[UpstreamStatistics]]] = dict,
+        workers: Callable[[], dict[str, WorkerStatistics]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_BatchCollector(batches))
         r.register(_UpstreamCollector(upstreams))
+        r.register(_WorkerCollector(workers))
         self.queue_time = Histogram(
             "tokenbelt_queue_time_seconds",
             "Time from enqueue to admission.",
@@ -252,3 +254,44 @@ class _UpstreamCollector(Collector):
                 ejections.add_metric(key, u.ejections)
                 ttft.add_metric(key, u.ttft_count, u.ttft_sum)
         yield from (in_flight, ejected, requests, errors, ejections, ttft)
+
+
+class _WorkerCollector(Collector):
+    """Engine worker processes, read at scrape time: pid, memory, restarts, last crash."""
+
+    def __init__(self, workers: Callable[[], dict[str, WorkerStatistics]]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        labels = ["model"]
+        up = GaugeMetricFamily(
+            "tokenbelt_worker_up", "1 while a model's worker process is ready.", labels=labels
+        )
+        pid = GaugeMetricFamily(
+            "tokenbelt_worker_pid", "Process id of a model's worker process.", labels=labels
+        )
+        rss = GaugeMetricFamily(
+            "tokenbelt_worker_resident_memory_bytes",
+            "Resident memory of a model's worker process.",
+            labels=labels,
+        )
+        restarts = CounterMetricFamily(
+            "tokenbelt_worker_restarts",
+            "Worker processes started after the first (each after a crash).",
+            labels=labels,
+        )
+        crash = GaugeMetricFamily(
+            "tokenbelt_worker_last_crash_info",
+            "Why a model's latest worker process died (the label); always 1.",
+            labels=["model", "cause"],
+        )
+        for model, w in self._workers().items():
+            up.add_metric([model], 1 if w.state == "ready" else 0)
+            if w.pid is not None:
+                pid.add_metric([model], w.pid)
+            if w.rss_bytes is not None:
+                rss.add_metric([model], w.rss_bytes)
+            restarts.add_metric([model], w.restarts)
+            if w.last_crash is not None:
+                crash.add_metric([model, w.last_crash], 1)
+        yield from (up, pid, rss, restarts, crash)

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
-from ..engines import BatchEngine, RemoteEngine
+from ..engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
 from ..runtime import Model, Runtime, Stream
 from ._metrics import Metrics
 from ._schemas import TokenbeltOptions
@@ -96,7 +96,7 @@ class ServerState:
                 name: e.statistics()
                 for name, m in runtime.models.items()
                 for e in m.engines
-                if isinstance(e, BatchEngine)
+                if isinstance(e, BatchEngine | WorkerEngine)
             },
             lambda: {
                 name: e.upstreams()
@@ -104,9 +104,19 @@ class ServerState:
                 for e in m.engines
                 if isinstance(e, RemoteEngine)
             },
+            self.workers,
         )
         runtime.subscribe(self.metrics.observe)
         runtime.subscribe(self._remember)
+
+    def workers(self) -> dict[str, WorkerStatistics]:
+        """The worker process of every model that runs in one (``isolation="process"``)."""
+        return {
+            name: e.worker_statistics()
+            for name, m in self.runtime.models.items()
+            for e in m.engines
+            if isinstance(e, WorkerEngine)
+        }
 
     # -- models ------------------------------------------------------------------------------
 

@@ -1,0 +1,809 @@
+"""The engine in a worker process: a native crash ends requests, not the service.
+
+``WorkerEngine`` looks to the runtime like a ``BatchEngine`` (``slots``, a non-blocking
+``start``); the model and the batch engine live in a child process
+(``_worker_main``), spawned with a fresh interpreter, never forked. The parent keeps
+admission, deadlines, traces, metrics and the belts; across the pipe go:
+
+- **backpressure as credits**: the worker may send as many items as the parent
+  granted, starting at the belt's capacity; the parent grants more as its reader takes
+  items (half a belt at a time, or at once when the worker has none left), so the
+  worker is never more than the belt's capacity ahead of the reader;
+- **stops**: a belt's cancel is posted to the worker (never sent on the cancelling
+  thread, which may be the event loop); the request counts as released only when the
+  worker says so. A stop the worker has not honoured within ``stop_grace`` seconds
+  kills the worker: the request's trace records the kill (``trace.worker``) and its
+  release, and the release-lag alert fires;
+- **crashes**: when the worker dies (a signal, an exit), every request it held ends
+  ``runtime_error`` with ``WorkerCrashed`` naming the cause and is released; requests
+  not yet sent to a worker stay where they are, and a new worker starts (at once after
+  a first crash, then with a growing backoff). Workers that die before they are ready
+  ``max_load_crashes`` times in a row mark the engine failed: requests then end at once
+  with the reason.
+
+Prompts are tokenized in the parent, with the model's vocabulary only (a few MB), so
+admission checks (``PromptTooLong``) never wait on the worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import functools
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .._errors import (
+    Cancelled,
+    DecodeError,
+    IllegalState,
+    InvalidArgument,
+    LoadTimeout,
+    ModelLoadError,
+    PromptTooLong,
+    WorkerCrashed,
+)
+from ..belt import EndReason, Producer, check_duration
+from ._base import GenerationRequest
+from ._batch import BatchStatistics, _Caller
+from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens
+from ._loading import check_gguf_file
+
+logger = logging.getLogger("tokenbelt.engines.worker")
+
+#: a test-only crash point for the first worker (see ``_worker_main._Crash``)
+ABORT_ENV = "TOKENBELT_TEST_WORKER_ABORT"
+#: default seconds a stop may take before the worker is killed
+DEFAULT_STOP_GRACE = 3.0
+#: restart delays after consecutive crashes (the last one repeats)
+_BACKOFF = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
+#: a crash this long after the previous one starts the backoff again
+_CALM_S = 30.0
+#: seconds ``close()`` waits for the worker to exit before killing it
+_EXIT_WAIT_S = 10.0
+#: the folder that holds the ``tokenbelt`` package
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class WorkerState(enum.Enum):
+    """Where an engine's worker process is in its life."""
+
+    #: a worker process is starting and loading the model
+    STARTING = "starting"
+    #: a worker is serving requests
+    READY = "ready"
+    #: the worker died; a new one starts after the backoff
+    RESTARTING = "restarting"
+    #: workers kept dying before they were ready: requests end at once with the reason
+    FAILED = "failed"
+    #: closed: the worker ended and its memory went back to the system
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class WorkerStatistics:
+    """A snapshot of an engine's worker process."""
+
+    state: str
+    #: the running worker's process id (None while none runs)
+    pid: int | None
+    #: workers started after the first
+    restarts: int
+    #: why the latest worker that died died, e.g. "engine worker killed by signal 9 (SIGKILL)"
+    last_crash: str | None
+    #: resident memory of the running worker in bytes (None while none runs)
+    rss_bytes: int | None
+    #: why the engine failed (workers kept dying while loading), or None
+    failure: str | None = None
+
+
+def describe_exit(code: int) -> str:
+    """Name a worker's end: a signal (negative return code) or an exit code."""
+    if code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:  # pragma: no cover - a signal Python has no name for
+            name = ""
+        return f"engine worker killed by signal {-code}{name}"
+    return f"engine worker exited with code {code}"
+
+
+class _Job:
+    __slots__ = (
+        "capacity",
+        "granted",
+        "on_exit",
+        "producer",
+        "received",
+        "request",
+        "rid",
+        "stop_by",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        request: GenerationRequest,
+        producer: Producer[Any],
+        on_exit: Callable[[], None],
+    ) -> None:
+        self.rid = rid
+        self.request = request
+        self.producer = producer
+        self.on_exit = on_exit
+        self.capacity = producer.capacity
+        self.granted = self.capacity  # items the worker may send in all
+        self.received = 0
+        #: when a stop not yet honoured kills the worker (monotonic), once stopped
+        self.stop_by: float | None = None
+        #: the worker process it was sent to (None while it waits for one)
+        self.worker: _Process | None = None
+
+
+class _Process:
+    """One worker process, its pipe and what waits to be sent on it."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], conn: Connection, number: int) -> None:
+        self.popen = popen
+        self.conn = conn
+        self.number = number
+        self.pid = popen.pid
+        self.cond = threading.Condition()
+        self.outbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.done = False
+        self.ready = threading.Event()
+        self.became_ready = False
+        self.load_error: str | None = None
+        self.info: dict[str, Any] = {}
+        #: why the parent killed it, when it did
+        self.cause: str | None = None
+        self.load_by: float | None = None
+
+    def post(self, message: tuple[Any, ...]) -> None:
+        """Queue a message for the sender thread; never blocks (safe under a belt's lock)."""
+        with self.cond:
+            if not self.done:
+                self.outbox.append(message)
+                self.cond.notify()
+
+    def kill(self, cause: str) -> None:
+        if self.cause is None:
+            self.cause = cause
+        with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+            self.popen.send_signal(signal.SIGKILL)
+
+    def rss(self) -> int | None:
+        import psutil
+
+        try:
+            return int(psutil.Process(self.pid).memory_info().rss)
+        except (psutil.Error, OSError):
+            return None
+
+
+class WorkerEngine:
+    """A ``BatchEngine`` in a worker process, driven like one (``slots``, ``start``).
+
+    ``start(request, producer, on_exit)`` never blocks: the request is posted to the
+    worker (or waits for the next one while a worker restarts). The producer sees what
+    it would see in-process: admission, counts, items (within the belt's capacity of
+    the reader), one end, one release. ``stop_grace`` bounds every stop: a worker that
+    has not released a stopped request by then is killed. Options other than those
+    named here go to the ``BatchEngine`` in the worker.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        slots: int = 4,
+        n_ctx: int = 4096,
+        stop_grace: float = DEFAULT_STOP_GRACE,
+        load_timeout: float | None = None,
+        max_load_crashes: int = 3,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        path = check_gguf_file(model_path)
+        self.model_path = path
+        self.name = name or path.stem
+        self.slots = max(1, slots)
+        self.context_length = n_ctx
+        grace = check_duration("stop_grace", stop_grace, allow_zero=False)
+        if grace is None:
+            raise InvalidArgument("stop_grace must be a number of seconds, got None")
+        self.stop_grace = grace
+        self.load_timeout = load_timeout
+        self.max_load_crashes = max(1, max_load_crashes)
+        self._options: dict[str, Any] = {"slots": self.slots, "n_ctx": n_ctx, **options}
+        self._options["name"] = self.name
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._jobs: dict[int, _Job] = {}
+        self._pending: list[_Job] = []  # started while no worker was ready
+        self._doomed: list[tuple[_Job, BaseException]] = []  # to end off the caller's thread
+        self._ids = itertools.count(1)
+        self._state = WorkerState.STARTING
+        self._closed = False
+        self._restarts = 0
+        self._crashes = 0  # in a row, each within _CALM_S of the one before
+        self._load_crashes = 0  # workers in a row that died before they were ready
+        self._last_crash: str | None = None
+        self._last_crash_at = 0.0
+        self._failure: str | None = None
+        self._restart_at: float | None = None
+        self._stats: BatchStatistics | None = None
+        self._numbers = itertools.count(1)
+        self._current: _Process
+        self._vocab, self._formatter = self._load_vocab()
+        crash_point = os.environ.get(ABORT_ENV) or None
+        try:
+            first = self._spawn(crash_point)
+        except BaseException:
+            self._vocab.close()
+            raise
+        # Three threads serve every worker this engine starts, one after another: the
+        # reader, the sender (the one place that writes to the pipe; it may block) and
+        # the supervisor (grace kills, restarts).
+        self._threads = [
+            threading.Thread(
+                target=target, name=f"tokenbelt-worker-{role}-{self.name}", daemon=True
+            )
+            for role, target in (
+                ("read", self._reader),
+                ("send", self._sender),
+                ("watch", self._supervise),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
+        try:
+            self._await_first(first)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def load(
+        cls, model_path: str | Path, *, load_timeout: float | None = None, **options: Any
+    ) -> WorkerEngine:
+        """Start a worker and wait until it has loaded the model (``load_timeout``)."""
+        return cls(model_path, load_timeout=load_timeout, **options)
+
+    # -- the parent's own view of the model --------------------------------------------------
+
+    def _load_vocab(self) -> tuple[Any, Any]:
+        import llama_cpp
+        from llama_cpp import _internals
+
+        _quiet_native_logs()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        try:
+            model = _internals.LlamaModel(
+                path_model=str(self.model_path), params=params, verbose=False
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise ModelLoadError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
+        return model, chat_formatter(model)
+
+    def tokenize_request(self, request: GenerationRequest) -> list[int]:
+        """The prompt tokens for a request, as the worker's engine makes them."""
+        return prompt_tokens(self._vocab, self._formatter, request, self.name)
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """Tokenize in this process (vocabulary only); raises ``PromptTooLong``."""
+        n = len(self.tokenize_request(request))
+        if n + 1 > self.context_length:
+            raise PromptTooLong(
+                f"the prompt has {n} tokens but each sequence holds {self.context_length} "
+                "(including at least one generated token)"
+            )
+        return n
+
+    # -- worker processes --------------------------------------------------------------------
+
+    def _spawn(self, crash_point: str | None = None) -> _Process:
+        """Start a worker process and send it the model to load; does not wait."""
+        ours, theirs = socket.socketpair()
+        # The worker imports the tokenbelt this process runs, wherever it came from.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "tokenbelt.engines._worker_main", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except OSError as exc:
+            ours.close()
+            raise ModelLoadError(f"could not start an engine worker: {exc}") from exc
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        w = _Process(popen, conn, next(self._numbers))
+        if self.load_timeout is not None:
+            w.load_by = time.monotonic() + self.load_timeout
+        w.post(("load", str(self.model_path), self._options, crash_point))
+        with self._cond:
+            closed = self._closed
+            if not closed:
+                # Before its first message: its "ready" must find it the current worker.
+                self._current = w
+                self._cond.notify_all()  # the reader and the sender move on to it
+        if closed:
+            w.kill("the engine closed")
+            w.popen.wait()
+            w.conn.close()
+            return w
+        logger.info("engine worker %s started for %s", w.pid, self.name)
+        return w
+
+    def _await_first(self, w: _Process) -> None:
+        """Wait for the first worker to be ready; raise why it is not."""
+        if not w.ready.wait(self.load_timeout):
+            w.kill("the load timed out")
+            raise LoadTimeout(
+                f"loading {self.model_path.name} took longer than {self.load_timeout} s"
+            )
+        if w.load_error is not None:
+            raise ModelLoadError(w.load_error)
+        if not w.became_ready:
+            raise ModelLoadError(
+                f"{w.cause or 'the engine worker died'} while loading {self.model_path.name}"
+            )
+
+    def _next(self, w: _Process) -> _Process | None:
+        """Wait for the worker after ``w``; None once the engine closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._current is not w)
+            return None if self._current is w else self._current
+
+    def _sender(self) -> None:
+        w: _Process | None = self._current
+        while w is not None:
+            self._send(w)
+            w = self._next(w)
+
+    def _reader(self) -> None:
+        w: _Process | None = self._current
+        while w is not None:
+            self._read(w)
+            w = self._next(w)
+
+    def _send(self, w: _Process) -> None:
+        """Write ``w``'s outbox to its pipe until it is gone."""
+        while True:
+            with w.cond:
+                while not w.outbox and not w.done:
+                    w.cond.wait()
+                if not w.outbox:
+                    return
+                message = w.outbox.popleft()
+            if message[0] == "grant":
+                self._grant(message[1])
+                continue
+            try:
+                w.conn.send(message)
+            except OSError:
+                return  # the worker is gone: the reader thread ends its requests
+
+    def _read(self, w: _Process) -> None:
+        """Apply ``w``'s messages; when it ends, end the requests it held."""
+        try:
+            while True:
+                try:
+                    message = w.conn.recv()
+                except (EOFError, OSError):
+                    break
+                except Exception as exc:  # an item that does not unpickle here
+                    logger.error("engine worker %s sent what cannot be read: %s", w.pid, exc)
+                    w.kill(f"engine worker sent a message that could not be read: {exc}")
+                    break
+                try:
+                    self._handle(w, message)
+                except Exception as exc:  # a message that makes no sense here
+                    logger.exception("engine worker %s: cannot apply %r", w.pid, message[:2])
+                    w.kill(f"engine worker killed: it sent a message that failed here: {exc}")
+                    break
+        finally:
+            try:
+                code = w.popen.wait(_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:  # it closed its pipe but does not exit
+                w.kill("engine worker killed: it closed its pipe but did not exit")
+                code = w.popen.wait()
+            w.conn.close()
+            self._gone(w, code)
+
+    def _handle(self, w: _Process, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ready":
+            self._ready(w, message[1])
+            return
+        if kind == "load_error":
+            w.load_error = message[1]
+            return
+        job = self._jobs.get(message[1])
+        if job is None or job.worker is not w:
+            return
+        p = job.producer
+        if kind == "item":
+            for _ in range(message[3]):
+                p.count_token()
+            try:
+                p.put_nowait(message[2])
+            except Cancelled:
+                return
+            job.received += 1
+            self._grant(job)
+        elif kind == "admit":
+            p.start()
+        elif kind == "prompt":
+            p.count_prompt(message[2])
+        elif kind == "cached":
+            p.count_cached(message[2])
+        elif kind == "finish":
+            for _ in range(message[3]):
+                p.count_token()
+            if message[4] is not None:
+                p.trace.stop_sequence = message[4]
+            p.finish(EndReason(message[2]))
+        elif kind == "fail":
+            for _ in range(message[3]):
+                p.count_token()
+            p.fail(DecodeError(message[2]))
+        elif kind == "cancel":
+            p.cancel(EndReason(message[2]))
+        elif kind == "release":
+            p.trace.batched_with.update(message[2])
+            if message[3] is not None:
+                self._stats = message[3]
+            self._release(job)
+
+    def _ready(self, w: _Process, info: dict[str, Any]) -> None:
+        with self._lock:
+            w.info = info
+            w.became_ready = True
+            w.load_by = None
+            self._load_crashes = 0
+            if self._closed or w is not self._current:
+                return
+            self._state = WorkerState.READY
+            pending, self._pending = self._pending, []
+            for job in pending:
+                self._send_start(job, w)
+        w.ready.set()
+        logger.info("engine worker %s is ready for %s", w.pid, self.name)
+
+    def _send_start(self, job: _Job, w: _Process) -> None:
+        """Hand a job to a worker (under ``_lock``)."""
+        job.worker = w
+        trace = job.producer.trace
+        trace.worker = {"pid": w.pid}
+        w.post(("start", job.rid, trace.request_id, job.request, job.capacity))
+
+    def _gone(self, w: _Process, code: int) -> None:
+        """A worker process ended: end and release what it held; start another."""
+        cause = w.cause or describe_exit(code)
+        with self._cond:
+            w.done = True
+            held = [job for job in self._jobs.values() if job.worker is w]
+            expected = self._closed and w.cause is None
+            if not expected:
+                self._crashed_locked(w, cause)
+            self._cond.notify_all()
+        with w.cond:
+            w.done = True
+            w.outbox.clear()
+            w.cond.notify_all()
+        w.ready.set()
+        if not expected:
+            logger.error("%s (model %s)", cause, self.name)
+        error = WorkerCrashed(cause)
+        for job in held:
+            self._end(job, error)
+
+    def _crashed_locked(self, w: _Process, cause: str) -> None:
+        now = time.monotonic()
+        self._last_crash = cause
+        self._crashes = self._crashes + 1 if now - self._last_crash_at < _CALM_S else 1
+        self._last_crash_at = now
+        if not w.became_ready:
+            self._load_crashes += 1
+        if self._closed or w is not self._current:
+            return
+        if self._load_crashes >= self.max_load_crashes:
+            self._state = WorkerState.FAILED
+            self._failure = (
+                f"the engine worker died {self._load_crashes} times in a row before it "
+                f"was ready; the last time: {w.load_error or cause}"
+            )
+            logger.error("model %s failed: %s", self.name, self._failure)
+            pending, self._pending = self._pending, []
+            self._doomed.extend((job, WorkerCrashed(self._failure)) for job in pending)
+            for job in pending:
+                self._jobs.pop(job.rid, None)
+            return
+        self._state = WorkerState.RESTARTING
+        delay = _BACKOFF[min(self._crashes, len(_BACKOFF)) - 1]
+        self._restart_at = now + delay
+
+    def _end(self, job: _Job, error: BaseException) -> None:
+        """End a job its worker can no longer serve, then release it."""
+        job.producer.fail(error)  # a no-op after a stop: that reason stays
+        self._release(job)
+
+    def _release(self, job: _Job) -> None:
+        with self._lock:
+            if self._jobs.pop(job.rid, None) is None:
+                return
+        if job.producer.end_reason is None:  # pragma: no cover - every path ends it first
+            job.producer.cancel(EndReason.SHUTDOWN)
+        try:
+            job.on_exit()
+        finally:
+            job.producer.release()
+
+    # -- credits -----------------------------------------------------------------------------
+
+    def _grant(self, job: _Job) -> None:
+        """Give the worker the room the reader made; when it has none, wait for a read."""
+        while True:
+            with self._lock:
+                w = job.worker
+                if self._jobs.get(job.rid) is not job or w is None:
+                    return
+                consumed = job.producer.statistics().consumed
+                delta = consumed + job.capacity - job.granted
+                out = job.received >= job.granted
+                if delta > 0 and (out or 2 * delta >= job.capacity):
+                    job.granted += delta
+                    w.post(("credit", job.rid, delta))
+                    return
+                if not out:
+                    return
+            # Out of credits and the belt is full: the read that makes room grants more.
+            if job.producer.on_room(functools.partial(w.post, ("grant", job))):
+                return
+            if job.producer.end_reason is not None:
+                return
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def start(
+        self,
+        request: GenerationRequest,
+        producer: Producer[Any],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Hand a request to the worker; never blocks. Raises ``IllegalState`` when closed."""
+        job = _Job(next(self._ids), request, producer, on_exit or (lambda: None))
+        with self._cond:
+            if self._closed:
+                raise IllegalState("the engine is closed")
+            if self._state is WorkerState.FAILED:
+                # Ended on the supervisor's thread: the caller may hold the scheduler's lock.
+                self._doomed.append((job, WorkerCrashed(self._failure or "the worker failed")))
+                self._cond.notify_all()
+                return
+            self._jobs[job.rid] = job
+            if self._state is WorkerState.READY:
+                self._send_start(job, self._current)
+            else:
+                self._pending.append(job)
+        producer.on_cancel(lambda reason: self._on_cancel(job, reason))
+
+    def _on_cancel(self, job: _Job, reason: EndReason) -> None:
+        """On the cancelling thread: post the stop and arm the grace period; never blocks."""
+        with self._cond:
+            if self._jobs.get(job.rid) is not job:
+                return
+            w = job.worker
+            if w is None:  # never sent: nothing to stop but the wait
+                self._pending.remove(job)
+                del self._jobs[job.rid]
+            else:
+                w.post(("cancel", job.rid, reason.value))
+                job.stop_by = time.monotonic() + self.stop_grace
+                self._cond.notify_all()
+        if w is None:
+            try:
+                job.on_exit()
+            finally:
+                job.producer.release()
+
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
+        """Blocking: run one request, as a thread engine does (see ``BatchEngine.generate``)."""
+        caller = _Caller(producer)
+        self.start(request, caller)
+        caller.done.wait()
+        if caller.error is not None:
+            raise caller.error
+        if caller.reason is not None:
+            return caller.reason
+        raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+
+    # -- the supervisor ----------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """Kill a worker that keeps a stopped request past the grace; restart dead ones."""
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                late = [
+                    j
+                    for j in self._jobs.values()
+                    if j.stop_by is not None and j.stop_by <= now and j.worker is not None
+                ]
+                for j in late:
+                    j.stop_by = None
+                doomed, self._doomed = self._doomed, []
+                w = self._current
+                slow_load = w.load_by is not None and w.load_by <= now and not w.done
+                if slow_load:
+                    w.load_by = None  # killed once
+                restart = self._restart_at is not None and self._restart_at <= now
+                if restart:
+                    self._restart_at = None
+                if not (late or doomed or slow_load or restart):
+                    times = [j.stop_by for j in self._jobs.values() if j.stop_by is not None]
+                    times += [t for t in (self._restart_at, w.load_by) if t is not None]
+                    self._cond.wait(max(0.0, min(times) - now) if times else None)
+                    continue
+            for job, error in doomed:
+                job.producer.start()
+                self._end_doomed(job, error)
+            for job in late:
+                self._kill_for(job)
+            if slow_load:
+                w.kill(f"engine worker killed: loading took longer than {self.load_timeout} s")
+            if restart:
+                self._restart()
+
+    def _end_doomed(self, job: _Job, error: BaseException) -> None:
+        job.producer.fail(error)
+        try:
+            job.on_exit()
+        finally:
+            job.producer.release()
+
+    def _kill_for(self, job: _Job) -> None:
+        w = job.worker
+        if w is None or w.done:
+            return
+        cause = f"engine worker killed: a stop was not honoured within {self.stop_grace} s"
+        trace = job.producer.trace
+        stopped = trace.cancel_requested
+        trace.worker = {
+            "pid": w.pid,
+            "killed": cause,
+            "killed_after_stop_ms": (
+                None if stopped is None else round((trace.clock() - stopped) * 1000, 3)
+            ),
+        }
+        logger.warning("request %s: %s", trace.request_id, cause)
+        w.kill(cause)
+
+    def _restart(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._restarts += 1
+            self._state = WorkerState.STARTING
+        try:
+            self._spawn()
+        except ModelLoadError as exc:
+            with self._cond:
+                self._last_crash = str(exc)
+                self._state = WorkerState.FAILED
+                self._failure = str(exc)
+                pending, self._pending = self._pending, []
+                for job in pending:
+                    self._jobs.pop(job.rid, None)
+                    self._doomed.append((job, WorkerCrashed(str(exc))))
+                self._cond.notify_all()
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        """The running worker's process id (None while none runs)."""
+        w = self._current
+        return None if w.done or self._closed else w.pid
+
+    def worker_statistics(self) -> WorkerStatistics:
+        w = self._current
+        running = not w.done and not self._closed
+        return WorkerStatistics(
+            state=self._state.value,
+            pid=w.pid if running else None,
+            restarts=self._restarts,
+            last_crash=self._last_crash,
+            rss_bytes=w.rss() if running else None,
+            failure=self._failure,
+        )
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine failed (workers kept dying while loading), or None."""
+        return self._failure
+
+    @property
+    def threads(self) -> int:
+        """The worker's llama.cpp threads, as of its latest release (else its fixed count)."""
+        if self._stats is not None:
+            return self._stats.threads
+        return int(self._current.info.get("n_threads", 0))
+
+    @property
+    def n_batch(self) -> int:
+        """Most tokens of one step in the worker's engine."""
+        return int(self._current.info.get("n_batch", 0))
+
+    def statistics(self) -> BatchStatistics:
+        """The worker's batch counters as of its latest release (since it started)."""
+        if self._stats is not None:
+            return self._stats
+        return BatchStatistics(self.slots, 0, 0, 0, 0, 0, 0, 0, 0, self.threads)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _stop_process(self, w: _Process) -> None:
+        """Ask a worker to exit and wait; kill it if it does not."""
+        w.post(("close",))
+        try:
+            w.popen.wait(_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("engine worker %s did not exit; killing it", w.pid)
+            w.kill("engine worker killed: it did not exit when closed")
+
+    def close(self) -> None:
+        """End the worker (its memory returns to the system); requests end ``shutdown``.
+
+        Blocks until the worker process has exited (killed if it does not within a
+        few seconds). Idempotent.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._state = WorkerState.CLOSED
+            pending, self._pending = self._pending, []
+            for job in pending:
+                self._jobs.pop(job.rid, None)
+            doomed, self._doomed = self._doomed, []
+            w = self._current
+            self._cond.notify_all()
+        for job in pending:
+            job.producer.cancel(EndReason.SHUTDOWN)
+            self._end_doomed(job, DecodeError("the engine closed"))
+        for job, error in doomed:
+            self._end_doomed(job, error)
+        for job in list(self._jobs.values()):
+            job.producer.cancel(EndReason.SHUTDOWN)
+        self._stop_process(w)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+        self._vocab.close()

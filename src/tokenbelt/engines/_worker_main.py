@@ -1,0 +1,354 @@
+"""The engine worker process: a ``BatchEngine`` behind a pipe.
+
+Started by ``WorkerEngine`` as ``python -m tokenbelt.engines._worker_main FD``, where
+``FD`` is this end of a socket pair. The first message names the model file and the
+engine's options; the worker loads it, answers ``ready`` (or ``load_error``) and then
+serves messages until the parent says ``close`` or goes away (end of file).
+
+The batch engine runs here unchanged: each request gets a ``_Forward`` producer, which
+sends everything the engine does to the request (admit, counts, items, the end, the
+release) to the parent, and knows the room the parent granted (credits). It never
+holds more than its credits: the parent grants room as its reader takes items, so the
+engine is never more than the belt's capacity ahead of the reader.
+
+Messages, parent to worker: ``("start", rid, request_id, request, capacity)``,
+``("cancel", rid, reason)``, ``("credit", rid, n)``, ``("close",)``. Worker to parent:
+``("ready", info)``, ``("load_error", message)``, ``("admit", rid)``, ``("prompt", rid,
+n)``, ``("cached", rid, n)``, ``("item", rid, item, tokens)``, ``("finish", rid,
+reason, tokens, stop_sequence)``, ``("fail", rid, message, tokens)``, ``("cancel", rid,
+reason)``, ``("release", rid, batched_with, statistics)``. Items are pickled as they
+are, whatever the engine puts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .._errors import Cancelled, IllegalState, TokenbeltError
+from ..belt import EndReason, Producer, Trace
+from ._base import GenerationRequest
+from ._batch import BatchEngine
+
+#: a test-only crash point, set by the parent for its first worker: "prefill" or "decode"
+ABORT_POINTS = ("prefill", "decode")
+
+
+class _Link:
+    """This end of the pipe: one lock, so messages from several threads stay whole."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+        #: the engine's counters, sent with each release for the parent's metrics
+        self.stats: Callable[[], Any] | None = None
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        # The parent is gone when this fails: the reader sees the end and exits.
+        with self._lock, contextlib.suppress(OSError):
+            self.conn.send(message)
+
+
+class _Forward(Producer[Any]):
+    """A request's producer end in the worker: forwards to the parent's belt.
+
+    ``has_room``/``on_room``/``wait_for_room`` reflect the credits the parent granted;
+    ``on_cancel`` callbacks run when the parent's cancel arrives.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_capacity",
+        "_cond",
+        "_crash",
+        "_credit",
+        "_link",
+        "_reason",
+        "_room",
+        "_tokens",
+        "_trace",
+        "rid",
+    )
+
+    def __init__(
+        self, link: _Link, rid: int, request_id: str, capacity: int, crash: _Crash | None
+    ) -> None:
+        self._link = link
+        self.rid = rid
+        self._capacity = capacity
+        self._trace = Trace(request_id)
+        self._cond = threading.Condition()
+        self._credit = capacity
+        self._reason: EndReason | None = None
+        self._callbacks: list[Callable[[EndReason], None]] = []
+        self._room: list[Callable[[], None]] = []
+        self._tokens = 0  # counted since the last message that carried the count
+        self._crash = crash
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def trace(self) -> Trace:
+        return self._trace
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def cancelled(self) -> bool:
+        reason = self._reason
+        return (
+            reason is not None and not reason.is_natural and reason is not EndReason.RUNTIME_ERROR
+        )
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        return self._reason
+
+    # -- from the parent ---------------------------------------------------------------------
+
+    def grant(self, n: int) -> None:
+        """The parent's reader took ``n`` items: that much more room."""
+        with self._cond:
+            self._credit += n
+            callbacks, self._room = self._room, []
+            self._cond.notify_all()
+        for callback in callbacks:
+            callback()
+
+    def stop(self, reason: EndReason) -> None:
+        """The parent's belt was cancelled: end here too and tell the engine."""
+        with self._cond:
+            if self._reason is not None:
+                return
+            self._reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+            room, self._room = self._room, []
+            self._cond.notify_all()
+        for wake in room:
+            wake()
+        for callback in callbacks:
+            callback(reason)
+
+    # -- the producer contract ---------------------------------------------------------------
+
+    def has_room(self) -> bool:
+        with self._cond:
+            return self._reason is None and self._credit > 0
+
+    def on_room(self, callback: Callable[[], None]) -> bool:
+        with self._cond:
+            if self._reason is not None or self._credit > 0:
+                return False
+            self._room.append(callback)
+            return True
+
+    def wait_for_room(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._reason is not None or self._credit > 0)
+            if self._reason is not None:
+                raise Cancelled(self._reason)
+
+    def checkpoint(self) -> None:
+        reason = self._reason
+        if reason is not None:
+            raise Cancelled(reason)
+
+    def put_nowait(self, item: Any) -> None:
+        with self._cond:
+            if self._reason is not None:
+                raise Cancelled(self._reason)
+            if self._credit <= 0:
+                raise IllegalState("put_nowait on a full belt: check has_room() first")
+            self._credit -= 1
+            tokens, self._tokens = self._tokens, 0
+        self._link.send(("item", self.rid, item, tokens))
+        if self._crash is not None:
+            self._crash.arm("decode")
+
+    def put(self, item: Any) -> None:
+        self.wait_for_room()
+        self.put_nowait(item)
+
+    def on_cancel(self, callback: Callable[[EndReason], None]) -> None:
+        with self._cond:
+            if self._reason is None:
+                self._callbacks.append(callback)
+                return
+            fire = self.cancelled
+        if fire:
+            assert self._reason is not None
+            callback(self._reason)
+
+    def start(self) -> None:
+        self._link.send(("admit", self.rid))
+
+    def _end(self, reason: EndReason) -> tuple[bool, int]:
+        with self._cond:
+            if self._reason is not None:
+                return False, 0
+            self._reason = reason
+            self._callbacks = []
+            tokens, self._tokens = self._tokens, 0
+            self._cond.notify_all()
+        return True, tokens
+
+    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
+        ended, tokens = self._end(reason)
+        if ended:
+            self._link.send(("finish", self.rid, reason.value, tokens, self._trace.stop_sequence))
+        return ended
+
+    def fail(self, error: BaseException) -> bool:
+        ended, tokens = self._end(EndReason.RUNTIME_ERROR)
+        if ended:
+            self._link.send(("fail", self.rid, str(error) or type(error).__name__, tokens))
+        return ended
+
+    def cancel(self, reason: EndReason) -> bool:
+        with self._cond:
+            if self._reason is not None:
+                return False
+            self._reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        self._link.send(("cancel", self.rid, reason.value))
+        for callback in callbacks:
+            callback(reason)
+        return True
+
+    def release(self) -> None:
+        # Set at release so that the parent's trace lists every batch this one was in.
+        peers = sorted(self._trace.batched_with)
+        stats = self._link.stats() if self._link.stats is not None else None
+        self._link.send(("release", self.rid, peers, stats))
+
+    def count_prompt(self, tokens: int) -> None:
+        self._link.send(("prompt", self.rid, tokens))
+        if self._crash is not None:
+            self._crash.arm("prefill")
+
+    def count_cached(self, tokens: int) -> None:
+        self._link.send(("cached", self.rid, tokens))
+
+    def count_token(self) -> None:
+        with self._cond:
+            self._tokens += 1
+
+
+class _Crash:
+    """Test-only: a real native ``abort()`` inside the next ``llama_decode`` once armed.
+
+    llama.cpp calls the engine's abort hook between graph nodes; this hook stands in for
+    it (it still reads the engine's stop flag) and, once armed at its point (a prompt
+    about to be computed, or a token produced), aborts the process from inside the step.
+    """
+
+    def __init__(self, engine: BatchEngine, point: str) -> None:
+        self.point = point
+        self._armed = False
+        flag = engine._flag
+        lib = engine._lib
+
+        def hook(_data: Any) -> bool:
+            if self._armed:
+                os.abort()
+            return bool(flag[0] == b"\x01")
+
+        self._hook = lib.ggml_abort_callback(hook)  # kept: the native side holds a pointer
+        lib.llama_set_abort_callback(engine._ctx.ctx, self._hook, None)
+
+    def arm(self, point: str) -> None:
+        if point == self.point:
+            self._armed = True
+
+
+class _Worker:
+    def __init__(self, link: _Link, engine: BatchEngine, crash: _Crash | None) -> None:
+        self.link = link
+        self.engine = engine
+        self.crash = crash
+        self.requests: dict[int, _Forward] = {}
+
+    def serve(self) -> None:
+        """Handle the parent's messages until ``close`` or the end of the pipe."""
+        conn = self.link.conn
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = message[0]
+            if kind == "credit":
+                found = self.requests.get(message[1])
+                if found is not None:
+                    found.grant(message[2])
+            elif kind == "cancel":
+                found = self.requests.pop(message[1], None)
+                if found is not None:
+                    found.stop(EndReason(message[2]))
+            elif kind == "start":
+                self._start(*message[1:])
+            elif kind == "close":
+                return
+
+    def _start(self, rid: int, request_id: str, request: GenerationRequest, capacity: int) -> None:
+        producer = _Forward(self.link, rid, request_id, capacity, self.crash)
+        self.requests[rid] = producer
+        # Tokenized here, off the engine's loop, as the runtime does in-process; a prompt
+        # that fails here fails again in the loop, which ends the request with the error.
+        with contextlib.suppress(Exception):
+            self.engine.count_prompt_tokens(request)
+        self.engine.start(request, producer, lambda: self._forget(rid))
+
+    def _forget(self, rid: int) -> None:
+        self.requests.pop(rid, None)
+
+
+def _info(engine: BatchEngine) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "context_length": engine.context_length,
+        "slots": engine.slots,
+        "n_threads": engine.n_threads,
+        "n_threads_batch": engine.n_threads_batch,
+        "n_ctx_train": engine.n_ctx_train,
+        "n_batch": engine.n_batch,
+    }
+
+
+def main(argv: list[str]) -> int:
+    # A Ctrl-C in a terminal reaches the whole process group: the parent decides when
+    # its worker ends (it closes the pipe), so the worker ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    link = _Link(Connection(int(argv[1])))
+    try:
+        _kind, path, options, crash_point = link.conn.recv()
+    except (EOFError, OSError):
+        return 1
+    try:
+        engine = BatchEngine(path, **options)
+    except TokenbeltError as exc:
+        link.send(("load_error", str(exc)))
+        return 1
+    crash = _Crash(engine, crash_point) if crash_point in ABORT_POINTS else None
+    worker = _Worker(link, engine, crash)
+    link.stats = engine.statistics
+    link.send(("ready", _info(engine)))
+    try:
+        worker.serve()
+    finally:
+        engine.close()
+        link.conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
