@@ -26,7 +26,7 @@ from typing import Any
 
 from .._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, PromptTooLong
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest, SamplingParams
+from ._base import GenerationRequest, SamplingParams, refuse_grammar
 from ._loading import check_gguf_file, load_with_deadline
 
 logger = logging.getLogger("tokenbelt.engines.llama")
@@ -217,6 +217,7 @@ class LlamaEngine:
         return prompt_tokens(self._llm._model, self._formatter, request, self.name)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        refuse_grammar(request, "the single-context llama.cpp engine")
         n = len(self.tokenize_request(request))
         if n + 1 > self.context_length:
             raise PromptTooLong(
@@ -296,6 +297,7 @@ class LlamaEngine:
     def generate(self, request: GenerationRequest, belt: Producer[str]) -> EndReason:
         if self._closed:
             raise IllegalState("the engine is closed")
+        refuse_grammar(request, "the single-context llama.cpp engine")
         if not self._busy.acquire(blocking=False):
             raise IllegalState("this engine is already generating; one request per slot")
         flag = ctypes.create_string_buffer(2)  # per request: a late cancel hits only its own

@@ -42,7 +42,7 @@ import httpx
 
 from .._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest
+from ._base import GenerationRequest, refuse_grammar
 from ._upstreams import UpstreamPool, UpstreamState, UpstreamStatistics
 from ._wire import (
     error_message,
@@ -132,6 +132,7 @@ class RemoteEngine:
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """An estimate (the upstream's usage replaces it); a prompt too long for the
         upstream's context comes back as the upstream's own 400."""
+        refuse_grammar(request, "a remote engine")
         if request.prompt is not None:
             return estimate_tokens(request.prompt)
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))

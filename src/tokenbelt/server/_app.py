@@ -22,9 +22,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from .. import __version__
 from .._errors import InvalidArgument
 from ..belt import EndReason
-from ..engines import GenerationRequest, Message
+from ..engines import GenerationRequest
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas
+from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas, _tools
 from ._errors import Dialects, error_response
 from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -39,10 +39,6 @@ _REQUEST_ID = Header(
     alias="x-request-id",
     description="use this request id (letters, digits, ._:-, at most 64) if it is new",
 )
-
-
-def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
-    return tuple({"role": m.role, "content": m.content} for m in body.messages)
 
 
 def _prompt(body: CompletionRequest) -> str:
@@ -181,44 +177,66 @@ def create_app(
         )
         return submitted.stream
 
+    def _finish_reason(reason: EndReason, plan: _tools.Plan | None) -> str:
+        if plan is not None and plan.calls and reason is EndReason.STOP:
+            return "tool_calls"
+        return reason.openai_finish_reason
+
     async def _events(
-        stream: Stream, model: str, obj: str, include_usage: bool, chat: bool
+        stream: Stream,
+        model: str,
+        obj: str,
+        include_usage: bool,
+        chat: bool,
+        plan: _tools.Plan | None = None,
     ) -> AsyncIterator[object]:
         base = {"id": stream.request_id, "object": obj, "created": int(time.time()), "model": model}
         first = True
         error: str | None = None
         failed: BaseException | None = None
+        deltas = _tools.Deltas(plan or _tools.Plan(()))
+
+        def chunk(delta: dict[str, Any] | None, piece: str = "") -> dict[str, Any]:
+            nonlocal first
+            if delta is not None:
+                if first:
+                    delta = {"role": "assistant", **delta}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": piece, "finish_reason": None}
+            first = False
+            stats = stream.statistics()
+            return {
+                **base,
+                "choices": [choice],
+                "tokenbelt": {
+                    "buffered": stats.buffered,
+                    "capacity": stats.capacity,
+                    "completion_tokens": stream.trace.completion_tokens,
+                },
+            }
+
         try:
             async for piece in stream:
                 if chat:
-                    delta: dict[str, Any] = {"content": piece}
-                    if first:
-                        delta["role"] = "assistant"
-                    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+                    for delta in deltas.feed(piece):
+                        yield chunk(delta)
                 else:
-                    choice = {"index": 0, "text": piece, "finish_reason": None}
-                first = False
-                stats = stream.statistics()
-                yield {
-                    **base,
-                    "choices": [choice],
-                    "tokenbelt": {
-                        "buffered": stats.buffered,
-                        "capacity": stats.capacity,
-                        "completion_tokens": stream.trace.completion_tokens,
-                    },
-                }
+                    yield chunk(None, piece)
         except Exception as exc:  # the engine failed: say so in the stream, then end it
             failed = exc
             error = f"{type(exc).__name__}: {exc}"
         await stream.await_released(RELEASE_WAIT_S)
         reason = stream.end_reason or EndReason.RUNTIME_ERROR
-        last: dict[str, Any] = {"index": 0, "finish_reason": reason.openai_finish_reason}
+        if chat:
+            for delta in deltas.finish():
+                yield chunk(delta)
+        last: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(reason, plan)}
         if chat:
             last["delta"] = {}
         else:
             last["text"] = ""
-        final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": tokenbelt_final(stream)}
+        final: dict[str, Any] = {**base, "choices": [last], "tokenbelt": _final(stream, plan)}
         if error is not None and failed is not None:
             _status, type_, code = _errors.failure(failed)
             final["error"] = _errors.error_body(error, type_, code)["error"]
@@ -227,20 +245,29 @@ def create_app(
             yield {**base, "choices": [], "usage": stream.usage.to_dict()}
         yield "[DONE]"
 
-    def _respond(stream: Stream, body: _Sampling, model: Model, chat: bool) -> Response:
+    def _final(stream: Stream, plan: _tools.Plan | None) -> dict[str, Any]:
+        final = tokenbelt_final(stream)
+        if plan is not None and plan.grammar is not None:
+            final["grammar"] = plan.info()
+        return final
+
+    def _respond(
+        stream: Stream, body: _Sampling, model: Model, chat: bool, plan: _tools.Plan | None = None
+    ) -> Response:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             obj = "chat.completion.chunk" if chat else "text_completion"
-            events = _events(stream, model.name, obj, include_usage, chat)
+            events = _events(stream, model.name, obj, include_usage, chat, plan)
             return path.streaming(stream, events)
 
         def render(s: Stream) -> dict[str, Any]:
             reason = s.end_reason or EndReason.RUNTIME_ERROR
             if chat:
+                message = _tools.message(s.text, plan or _tools.Plan(()))
                 choice: dict[str, Any] = {
                     "index": 0,
-                    "message": {"role": "assistant", "content": s.text},
-                    "finish_reason": reason.openai_finish_reason,
+                    "message": message,
+                    "finish_reason": _finish_reason(reason, plan),
                 }
             else:
                 choice = {"index": 0, "text": s.text, "finish_reason": reason.openai_finish_reason}
@@ -251,7 +278,7 @@ def create_app(
                 "model": model.name,
                 "choices": [choice],
                 "usage": s.usage.to_dict(),
-                "tokenbelt": tokenbelt_final(s),
+                "tokenbelt": _final(s, plan),
             }
 
         return path.answer(stream, render, shape=_errors.openai_shape)
@@ -261,11 +288,12 @@ def create_app(
         body: ChatCompletionRequest, x_request_id: str | None = _REQUEST_ID
     ) -> Response:
         model = state.model_for(body.model)
+        plan = _tools.plan(body.message_dicts(), body.response_format, body.tools, body.tool_choice)
         request = GenerationRequest(
-            messages=_messages(body), sampling=sampling_from(body.sampling())
+            messages=plan.messages, sampling=sampling_from(body.sampling()), grammar=plan.grammar
         )
         stream = await _submit(model, body, request, x_request_id)
-        return _respond(stream, body, model, chat=True)
+        return _respond(stream, body, model, chat=True, plan=plan)
 
     @app.post("/v1/completions", summary="Text completion from a raw prompt")
     async def completions(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .._defaults import DEFAULT_MAX_TOKENS
+from ._tools import CallSpec, ResponseFormat, ToolChoice, ToolSpec
 
 # Long enough for any real use, short enough that a typo is caught.
 MAX_TIMEOUT_S = 3600.0
@@ -36,8 +37,22 @@ class StreamOptions(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    #: an assistant turn's calls, sent back with the conversation
+    tool_calls: list[CallSpec] | None = None
+    #: the call a ``tool`` turn answers
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                "content is required (only an assistant turn with tool_calls may omit it)"
+            )
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
 
 class _Sampling(BaseModel):
@@ -85,6 +100,15 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="accepted; a reply makes at most one call"
+    )
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
 
 
 class CompletionRequest(_Sampling):
