@@ -27,7 +27,13 @@ from typing import Any
 
 from .._errors import InvalidArgument
 from ..engines import Message
-from ..engines._grammar import CALL_ARGUMENTS, CALL_PREFIX, Grammar, functions_grammar
+from ..engines._grammar import (
+    CALL_ARGUMENTS,
+    CALL_PREFIX,
+    Grammar,
+    functions_grammar,
+    schema_grammar,
+)
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -319,3 +325,51 @@ class CallStream:
             events.append(("arguments", call.arguments[len(self._sent) :]))
         self.complete = True
         return events, [call]
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What an SDK request asks of its reply's shape: a JSON schema, or tools.
+
+    ``parse`` gives the reply's parsed object (``schema``) or its calls (``tools``).
+    """
+
+    grammar: Grammar | None
+    schema: Any = None
+    tools: tuple[Tool, ...] = ()
+    choice: str = "none"
+
+    def parse(self, text: str, natural_stop: bool) -> tuple[Any, tuple[ToolCall, ...]]:
+        """(parsed object or None, calls): None when the reply ended early or fails the
+        schema's own validation (a pydantic model may check more than a grammar can)."""
+        if self.tools and self.choice != "none":
+            return None, tuple(parse_tool_calls(text, self.tools)[1]) if natural_stop else ()
+        if self.schema is None or not natural_stop:
+            return None, ()
+        validate = getattr(self.schema, "model_validate_json", None)
+        try:
+            return (validate(text) if validate else json.loads(text)), ()
+        except ValueError:  # pydantic's ValidationError is a ValueError too
+            return None, ()
+
+
+def structure(schema: Any = None, tools: Any = None, tool_choice: Any = None) -> Structure | None:
+    """The ``Structure`` of SDK keyword arguments: ``schema`` (a pydantic model class, or
+    a JSON schema as a dict), or ``tools`` (OpenAI-shaped dicts or ``Tool``) and
+    ``tool_choice``. None when none is given."""
+    if schema is None and tools is None:
+        if tool_choice is not None:
+            raise InvalidArgument("tool_choice needs tools")
+        return None
+    if schema is not None and tools is not None:
+        raise InvalidArgument("give either a schema or tools, not both")
+    if schema is not None:
+        to_schema = getattr(schema, "model_json_schema", None)
+        if callable(to_schema):
+            return Structure(schema_grammar(to_schema()), schema=schema)
+        if not isinstance(schema, Mapping):
+            raise InvalidArgument("schema is a pydantic model class or a JSON schema dict")
+        return Structure(schema_grammar(dict(schema)), schema=dict(schema))
+    found = tools_from(tools)
+    choice = check_choice(tool_choice, found)
+    return Structure(tools_grammar(found, choice), tools=found, choice=choice)
