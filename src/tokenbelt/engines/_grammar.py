@@ -29,6 +29,17 @@ from .._errors import InvalidArgument
 
 #: schemas kept compiled (their GBNF text)
 SCHEMA_CACHE_SIZE = 128
+#: constraints the converter would leave out: refused, so a reply never breaks its schema
+_UNENFORCED = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then",
+        "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+        "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)  # fmt: skip
+_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4"})
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class _SchemaCache:
         from llama_cpp.llama_grammar import json_schema_to_gbnf
 
         started = time.perf_counter()
+        check_enforceable(json.loads(canonical))
         try:
             gbnf = json_schema_to_gbnf(canonical)
         except Exception as exc:  # the converter asserts on what it cannot express
@@ -100,6 +112,36 @@ class _SchemaCache:
 
 
 _CACHE = _SchemaCache(SCHEMA_CACHE_SIZE)
+
+
+def check_enforceable(schema: object, where: str = "") -> None:
+    """Raise ``InvalidArgument`` if the schema asks for what the grammar cannot enforce."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise InvalidArgument(f"a JSON schema must be an object (at {where or 'the top'})")
+    at = f" (at {where})" if where else ""
+    unenforced = sorted(_UNENFORCED & schema.keys())
+    if unenforced:
+        raise InvalidArgument(
+            f"the JSON schema uses {unenforced[0]!r}{at}, which the grammar cannot enforce"
+        )
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in _FORMATS:
+        raise InvalidArgument(f"the JSON schema's format {fmt!r}{at} cannot be enforced")
+    path = f"{where}." if where else ""
+    for key in ("properties", "$defs", "definitions"):
+        for name, sub in (schema.get(key) or {}).items():
+            check_enforceable(sub, f"{path}{key}.{name}")
+    for key in ("items", "additionalProperties"):
+        sub = schema.get(key)
+        if isinstance(sub, dict):
+            check_enforceable(sub, f"{path}{key}")
+    for key in ("items", "prefixItems", "anyOf", "oneOf", "allOf"):
+        subs = schema.get(key)
+        if isinstance(subs, list):
+            for i, sub in enumerate(subs):
+                check_enforceable(sub, f"{path}{key}[{i}]")
 
 
 def canonical_schema(schema: object) -> str:
@@ -168,6 +210,7 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
     converter = converter_class(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     calls = []
     for i, (name, schema) in enumerate(functions):
+        check_enforceable(schema, f"function {name}")
         try:
             resolved = converter.resolve_refs(schema, f"function-{i}")
             args = converter.visit(resolved, f"function-{i}-arguments")
