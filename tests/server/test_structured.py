@@ -126,9 +126,12 @@ def test_json_schema_replies_validate_sync_and_async_stream_and_not(
     texts: list[str] = []
     for i, prompt in enumerate(PROMPTS[:5]):
         reply = client.chat.completions.create(
-            model=model, messages=user(prompt), response_format=person_format(), seed=i,
+            model=model,
+            messages=user(prompt),
+            response_format=person_format(),
+            seed=i,
             max_tokens=200,
-        )  # fmt: skip
+        )
         assert reply.choices[0].finish_reason == "stop"
         texts.append(reply.choices[0].message.content or "")
     for i, prompt in enumerate(PROMPTS[5:10]):
@@ -150,16 +153,23 @@ def test_json_schema_replies_validate_sync_and_async_stream_and_not(
         async with openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="x") as aclient:
             for i, prompt in enumerate(PROMPTS[10:15]):
                 reply = await aclient.chat.completions.create(
-                    model=model, messages=user(prompt), response_format=person_format(),
-                    seed=i, max_tokens=200,
-                )  # fmt: skip
+                    model=model,
+                    messages=user(prompt),
+                    response_format=person_format(),
+                    seed=i,
+                    max_tokens=200,
+                )
                 assert reply.choices[0].finish_reason == "stop"
                 found.append(reply.choices[0].message.content or "")
             for i, prompt in enumerate(PROMPTS[15:20]):
                 stream = await aclient.chat.completions.create(
-                    model=model, messages=user(prompt), response_format=person_format(),
-                    seed=i, max_tokens=200, stream=True,
-                )  # fmt: skip
+                    model=model,
+                    messages=user(prompt),
+                    response_format=person_format(),
+                    seed=i,
+                    max_tokens=200,
+                    stream=True,
+                )
                 parts = [c.choices[0].delta.content or "" async for c in stream]
                 found.append("".join(parts))
         return found
@@ -282,9 +292,13 @@ def test_required_and_named_choices_always_yield_valid_calls(
 def test_auto_gives_text_or_a_valid_call(client: openai.OpenAI, served: Served) -> None:
     for i, question in enumerate(QUESTIONS):
         reply = client.chat.completions.create(
-            model=served.model().name, messages=user(question), tools=TOOLS,
-            tool_choice="auto", max_tokens=80, seed=i,
-        )  # fmt: skip
+            model=served.model().name,
+            messages=user(question),
+            tools=TOOLS,
+            tool_choice="auto",
+            max_tokens=80,
+            seed=i,
+        )
         choice = reply.choices[0]
         if choice.message.tool_calls:
             assert choice.finish_reason == "tool_calls"
@@ -364,9 +378,13 @@ def test_a_stop_inside_a_constrained_stream_lands_within_a_step(
 ) -> None:
     counts = cancel_counts(served)
     stream = client.chat.completions.create(
-        model=served.model().name, messages=user("Numbers."), response_format=person_format(LONG),
-        max_tokens=2000, stream=True, extra_body={"tokenbelt": {"capacity": 4}},
-    )  # fmt: skip
+        model=served.model().name,
+        messages=user("Numbers."),
+        response_format=person_format(LONG),
+        max_tokens=2000,
+        stream=True,
+        extra_body={"tokenbelt": {"capacity": 4}},
+    )
     for received, chunk in enumerate(stream, 1):
         if received == 10:
             request_id = chunk.id
