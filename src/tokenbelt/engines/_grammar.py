@@ -298,6 +298,10 @@ class GrammarSampler:
     sequence ends there, and llama.cpp aborts on an end token the grammar did not allow.
     """
 
+    #: sample free first and check that token (False: the grammar over every token,
+    #: every step; the benchmark's comparison)
+    check_first = True
+
     def __init__(self, lib: Any, vocab: Any, n_vocab: int, grammar: Grammar) -> None:
         import numpy as np
 
@@ -346,7 +350,7 @@ class GrammarSampler:
         self._fill(logits)
         lib.llama_sampler_apply(chain, ctypes.byref(self._all))
         token = int(self._data[self._all.selected].id)
-        if not self._allowed(token):
+        if not self.check_first or not self._allowed(token):
             self.resampled += 1
             self._fill(logits)
             lib.llama_sampler_apply(self.sampler, ctypes.byref(self._all))
