@@ -71,6 +71,15 @@ class GrammarCacheInfo:
     compile_s: float
 
 
+def _binding() -> None:
+    """Import llama-cpp-python as the engines do: its native log lines go to ``logging``
+    and the files it opens at import are closed at exit (a process may compile schemas
+    before, or without, loading a model)."""
+    from ._llama import _quiet_native_logs
+
+    _quiet_native_logs()
+
+
 class _SchemaCache:
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
@@ -78,6 +87,7 @@ class _SchemaCache:
         self._compile = functools.lru_cache(maxsize=size)(self._convert)
 
     def _convert(self, canonical: str) -> tuple[str, float]:
+        _binding()
         from llama_cpp.llama_grammar import json_schema_to_gbnf
 
         started = time.perf_counter()
@@ -202,6 +212,7 @@ def _regex_prefixes(text: str) -> str:
 
 @functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
 def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
+    _binding()
     from llama_cpp import llama_grammar
 
     converter_class: Any = llama_grammar.SchemaConverter

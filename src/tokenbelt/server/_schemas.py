@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -37,22 +37,35 @@ class StreamOptions(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool"]
+    """A system or user turn."""
+
+    role: Literal["system", "user"]
+    content: str
+
+
+class AssistantMessage(BaseModel):
+    """An earlier reply: its text, its calls (sent back with the conversation), or both."""
+
+    role: Literal["assistant"]
     content: str | None = None
-    #: an assistant turn's calls, sent back with the conversation
-    tool_calls: list[CallSpec] | None = None
-    #: the call a ``tool`` turn answers
-    tool_call_id: str | None = None
+    tool_calls: list[CallSpec] | None = Field(None, max_length=64)
 
     @model_validator(mode="after")
-    def _content_or_calls(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(
-                "content is required (only an assistant turn with tool_calls may omit it)"
-            )
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs the tool_call_id it answers")
+    def _content_or_calls(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
         return self
+
+
+class ToolMessage(BaseModel):
+    """A tool's result, answering the call ``tool_call_id``."""
+
+    role: Literal["tool"]
+    content: str
+    tool_call_id: str = Field(min_length=1, max_length=256)
+
+
+Message = Annotated[ChatMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
 class _Sampling(BaseModel):
@@ -99,7 +112,7 @@ class _Sampling(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    messages: list[Message] = Field(min_length=1, max_length=4096)
     response_format: ResponseFormat | None = None
     tools: list[ToolSpec] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
