@@ -93,6 +93,12 @@ def test_a_function_grammar_and_its_trigger() -> None:
         assert re.fullmatch(trigger, fires)
     for waits in ("<tool_ca", "<tool_call> hello", '<tool_call>{"nombre'):
         assert not re.fullmatch(trigger, waits)
+    same_name = [
+        (f, {"$defs": {"Addr": {"type": t}}, "properties": {"a": {"$ref": "#/$defs/Addr"}}})
+        for f, t in (("f", "string"), ("g", "integer"))
+    ]
+    with pytest.raises(InvalidArgument, match="define 'Addr' differently"):
+        functions_grammar(same_name, head="<", tail=">", lazy=False)
     with pytest.raises(InvalidArgument, match="function name"):
         functions_grammar([("no spaces", {})], head="<", tail=">", lazy=False)
 

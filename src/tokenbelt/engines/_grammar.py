@@ -210,6 +210,12 @@ def _regex_prefixes(text: str) -> str:
     return out
 
 
+def _definitions(schema: object) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        return {}
+    return {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
+
+
 @functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
 def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
     _binding()
@@ -220,6 +226,16 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
     started = time.perf_counter()
     converter = converter_class(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     calls = []
+    defined: dict[str, tuple[str, object]] = {}
+    for name, schema in functions:
+        # The converter names a definition's rule after it, once for the whole grammar.
+        for ref, sub in _definitions(schema).items():
+            first = defined.setdefault(ref, (name, sub))
+            if first[1] != sub:
+                raise InvalidArgument(
+                    f"functions {first[0]!r} and {name!r} define {ref!r} differently; "
+                    "rename one of them"
+                )
     for i, (name, schema) in enumerate(functions):
         check_enforceable(schema, f"function {name}")
         try:
