@@ -645,7 +645,12 @@ class BatchEngine:
         lib = self._lib
         p = seq.producer
         if seq.grammar is not None:
-            token = seq.grammar.sample(seq.sampler, self._ctx.ctx, row)
+            try:
+                token = seq.grammar.sample(seq.sampler, self._ctx.ctx, row)
+            except DecodeError as exc:  # this sequence fails; the others go on
+                p.fail(exc)
+                self._retire(seq, cache=False)
+                return
         else:
             token = int(lib.llama_sampler_sample(seq.sampler, self._ctx.ctx, row))
         if lib.llama_vocab_is_eog(self._vocab, token):

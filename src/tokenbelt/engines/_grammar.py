@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import InvalidArgument
+from .._errors import DecodeError, InvalidArgument
 
 #: schemas kept compiled (their GBNF text)
 SCHEMA_CACHE_SIZE = 128
@@ -371,18 +371,24 @@ class GrammarSampler:
         self._lib.llama_sampler_apply(self.sampler, ctypes.byref(self._one))
         return not math.isinf(self._one_data[0].logit)
 
+    def _selected(self) -> int:
+        if self._all.selected < 0:  # pragma: no cover - a parsed grammar always allows one
+            raise DecodeError("the grammar allows no next token")
+        return int(self._data[self._all.selected].id)
+
     def sample(self, chain: Any, ctx: Any, row: int) -> int:
+        """The next token; raises ``DecodeError`` if the grammar allows none."""
         lib = self._lib
         logits = lib.llama_get_logits_ith(ctx, row)
         self._fill(logits)
         lib.llama_sampler_apply(chain, ctypes.byref(self._all))
-        token = int(self._data[self._all.selected].id)
+        token = self._selected()
         if not self.check_first or not self._allowed(token):
             self.resampled += 1
             self._fill(logits)
             lib.llama_sampler_apply(self.sampler, ctypes.byref(self._all))
             lib.llama_sampler_apply(chain, ctypes.byref(self._all))
-            token = int(self._data[self._all.selected].id)
+            token = self._selected()
         if not lib.llama_vocab_is_eog(self._vocab, token):
             lib.llama_sampler_accept(self.sampler, token)
         lib.llama_sampler_accept(chain, token)
