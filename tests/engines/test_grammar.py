@@ -50,6 +50,16 @@ def test_a_schema_compiles_once_and_is_then_cached() -> None:
     assert info.compile_s >= cold.compile_s
 
 
+def test_strings_hold_only_what_json_allows_unescaped() -> None:
+    # The converter's own rules let a raw newline (or, through a pattern's ".", a raw
+    # quote) into a string: the reply would not parse.
+    text = schema_grammar({"type": "object", "properties": {"a": {"type": "string"}}}).gbnf
+    char = next(line for line in text.splitlines() if line.startswith("char ::="))
+    assert char.startswith('char ::= [^"\\\\\\x00-\\x1F\\x7F] |')
+    text = schema_grammar({"type": "string", "pattern": "^a.b$"}).gbnf
+    assert 'dot ::= [^"\\\\\\x00-\\x1F\\x7F]' in text
+
+
 def test_property_order_is_the_output_order() -> None:
     reordered = {**POINT, "properties": dict(reversed(list(POINT["properties"].items())))}
     a, b = schema_grammar(POINT).gbnf, schema_grammar(reordered).gbnf

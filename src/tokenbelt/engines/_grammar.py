@@ -71,6 +71,22 @@ class GrammarCacheInfo:
     compile_s: float
 
 
+#: the converter's string characters let raw control characters through, which JSON
+#: forbids inside a string (a reply with a raw newline in a string would not parse);
+#: its pattern ``.`` lets through a raw quote too
+_LAX_RULES = {
+    'char ::= [^"\\\\] |': 'char ::= [^"\\\\\\x00-\\x1F\\x7F] |',
+    "dot ::= [^\\x0A\\x0D]": 'dot ::= [^"\\\\\\x00-\\x1F\\x7F]',
+}
+
+
+def _json_safe(gbnf: str) -> str:
+    """The converter's grammar with string characters JSON allows unescaped, only."""
+    for lax, strict in _LAX_RULES.items():
+        gbnf = gbnf.replace(lax, strict)
+    return gbnf
+
+
 def _binding() -> None:
     """Import llama-cpp-python as the engines do: its native log lines go to ``logging``
     and the files it opens at import are closed at exit (a process may compile schemas
@@ -93,7 +109,7 @@ class _SchemaCache:
         started = time.perf_counter()
         check_enforceable(json.loads(canonical))
         try:
-            gbnf = json_schema_to_gbnf(canonical)
+            gbnf = _json_safe(json_schema_to_gbnf(canonical))
         except Exception as exc:  # the converter asserts on what it cannot express
             raise InvalidArgument(
                 f"the JSON schema cannot be compiled to a grammar: {exc}"
@@ -246,7 +262,7 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
                 f"the parameters of function {name!r} cannot be compiled to a grammar: {exc}"
             ) from exc
         calls.append(f"{_literal(name + CALL_ARGUMENTS)} {args}")
-    rules = converter.format_grammar()
+    rules = _json_safe(converter.format_grammar())
     call = " | ".join(f"({c})" for c in calls)
     root = (
         f'root ::= {_literal(head)} "\\n"? {_literal(CALL_PREFIX)} ({call}) "}}" {_literal(tail)}'
