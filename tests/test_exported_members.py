@@ -43,6 +43,8 @@ EXPECTED = {
     "ScriptedEngine",
     "Stream",
     "TokenbeltError",
+    "Tool",
+    "ToolCall",
     "Trace",
     "TraceEvent",
     "UnknownModel",

@@ -52,6 +52,8 @@ from .runtime import (
     Runtime,
     SchedulerStatistics,
     Stream,
+    Tool,
+    ToolCall,
     Usage,
 )
 
@@ -94,6 +96,8 @@ __all__ = [
     "ScriptedEngine",
     "Stream",
     "TokenbeltError",
+    "Tool",
+    "ToolCall",
     "Trace",
     "TraceEvent",
     "UnknownModel",
