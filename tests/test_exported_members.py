@@ -44,6 +44,8 @@ EXPECTED = {
     "Stream",
     "TokenLogprob",
     "TokenbeltError",
+    "Tool",
+    "ToolCall",
     "Trace",
     "TraceEvent",
     "UnknownModel",

@@ -54,6 +54,8 @@ from .runtime import (
     Runtime,
     SchedulerStatistics,
     Stream,
+    Tool,
+    ToolCall,
     Usage,
 )
 
@@ -97,6 +99,8 @@ __all__ = [
     "Stream",
     "TokenLogprob",
     "TokenbeltError",
+    "Tool",
+    "ToolCall",
     "Trace",
     "TraceEvent",
     "UnknownModel",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import ollama
 import pytest
 
@@ -209,14 +210,21 @@ def test_embeddings_are_a_clear_error(client: ollama.Client, served: Served) -> 
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"format": "json"}, "format"),
-        ({"format": {"type": "object", "properties": {"a": {"type": "string"}}}}, "format"),
+        ({"format": {"type": "strange"}}, "format"),
+        ({"format": {"type": "integer", "maximum": 3}}, "format"),
         ({"options": {"mirostat": 1}}, "options.mirostat"),
         ({"options": {"num_ctx": 10**7}}, "options.num_ctx"),
         ({"think": True}, "think"),
         ({"keep_alive": "soon"}, "keep_alive"),
     ],
-    ids=["format-json", "format-schema", "unknown-option", "num-ctx-too-big", "think", "keep"],
+    ids=[
+        "format-xml",
+        "format-unenforceable",
+        "unknown-option",
+        "num-ctx-too-big",
+        "think",
+        "keep",
+    ],
 )
 def test_unsupported_parameters_are_refused_by_name(
     client: ollama.Client, served: Served, kwargs: dict[str, object], param: str
@@ -354,3 +362,25 @@ def test_ndjson_framing_read_by_curl(served: Served, route: str, tmp_path: Path)
     headers = (tmp_path / "headers").read_text().lower()
     assert "content-type: application/x-ndjson" in headers
     assert f"x-request-id: {trace.request_id}" in headers
+
+
+def test_format_constrains_the_reply(client: ollama.Client, served: Served) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    reply = client.chat(name(served), messages=SEA, format=schema, options={"num_predict": 100})
+    assert reply.done_reason == "stop"
+    jsonschema.validate(json.loads(reply.message.content or ""), schema)
+    generated = client.generate(
+        name(served), "A person:", format="json", options={"num_predict": 60, "seed": 1}
+    )
+    assert generated.response.startswith("{")  # prose without the grammar
+    if generated.done_reason == "stop":  # a cut reply is returned as it is
+        assert isinstance(json.loads(generated.response), dict)
+    # The ollama client checks the kind of format; a raw body can send any.
+    bad = {"model": name(served), "messages": SEA, "format": "xml"}
+    refused = httpx.post(f"{served.url}/api/chat", json=bad, timeout=NET)
+    assert refused.status_code == 400
+    assert "format" in refused.json()["error"]

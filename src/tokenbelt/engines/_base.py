@@ -22,6 +22,7 @@ from typing import Any, NotRequired, Protocol, TypedDict
 from .._defaults import DEFAULT_MAX_TOKENS
 from .._errors import InvalidArgument
 from ..belt import EndReason, Producer
+from ._grammar import Grammar
 
 
 class Message(TypedDict):
@@ -198,12 +199,15 @@ class GenerationRequest:
 
     ``conversation_id`` lets an engine keep the KV cache of a conversation's prefix
     between its turns; requests of other conversations never see that state.
+    ``grammar`` constrains sampling (structured output, tool calls); an engine that
+    cannot apply it refuses the request with ``InvalidArgument`` before any compute.
     """
 
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     conversation_id: str | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -221,12 +225,20 @@ class GenerationRequest:
         messages: Sequence[Message],
         sampling: SamplingParams | None = None,
         conversation_id: str | None = None,
+        grammar: Grammar | None = None,
     ) -> GenerationRequest:
         return cls(
             messages=tuple(messages),
             sampling=sampling or SamplingParams(),
             conversation_id=conversation_id,
+            grammar=grammar,
         )
+
+
+def refuse_grammar(request: GenerationRequest, engine: str) -> None:
+    """For an engine that cannot constrain sampling: a grammar is an error, never ignored."""
+    if request.grammar is not None:
+        raise InvalidArgument(f"{engine} cannot constrain output with a grammar")
 
 
 class Engine(Protocol):

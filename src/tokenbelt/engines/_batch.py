@@ -49,6 +49,7 @@ from typing import Any
 from .._errors import DecodeError, IllegalState, InvalidArgument, ModelLoadError, PromptTooLong
 from ..belt import EndReason, Producer
 from ._base import GenerationRequest, Piece, SamplingParams, TokenLogprob
+from ._grammar import GrammarSampler, check_grammar
 from ._llama import (
     _flag_abort_callback,
     _quiet_native_logs,
@@ -109,6 +110,7 @@ class _Seq:
     __slots__ = (
         "cancelled",
         "decoder",
+        "grammar",
         "id",
         "max_new",
         "n_past",
@@ -137,6 +139,7 @@ class _Seq:
         self.produced = 0
         self.max_new = 0
         self.sampler: Any = None
+        self.grammar: GrammarSampler | None = None
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stopper = _StopMatcher(request.sampling.stop)
         self.cancelled = False
@@ -316,6 +319,9 @@ class BatchEngine:
         self._check_sampling(request.sampling)
         tokens = self.tokenize_request(request)
         self._check_fits(len(tokens))
+        if request.grammar is not None:
+            # A grammar that does not parse is refused here, before the request queues.
+            check_grammar(self._lib, self._vocab, request.grammar)
         with self._cond:
             # Keyed by identity, holding the request so its id cannot be reused; bounded,
             # since a counted request may never be started (a full queue refuses it).
@@ -487,6 +493,15 @@ class BatchEngine:
         tokens = seq.tokens
         seq.id = self._take_id()
         seq.sampler = self._sampler(seq.request.sampling)
+        if seq.request.grammar is not None:
+            try:
+                seq.grammar = GrammarSampler(
+                    self._lib, self._vocab, self._n_vocab, seq.request.grammar
+                )
+            except Exception as exc:
+                p.fail(exc)
+                self._retire(seq, cache=False)
+                return
         reuse, source = self._best_prefix(tokens, exclude=seq)
         if reuse > 0 and source >= 0:
             self._lib.llama_memory_seq_cp(self._mem, source, seq.id, 0, reuse)
@@ -685,7 +700,15 @@ class BatchEngine:
     def _sample(self, seq: _Seq, row: int) -> None:
         lib = self._lib
         p = seq.producer
-        token = int(lib.llama_sampler_sample(seq.sampler, self._ctx.ctx, row))
+        if seq.grammar is not None:
+            try:
+                token = seq.grammar.sample(seq.sampler, self._ctx.ctx, row)
+            except DecodeError as exc:  # this sequence fails; the others go on
+                p.fail(exc)
+                self._retire(seq, cache=False)
+                return
+        else:
+            token = int(lib.llama_sampler_sample(seq.sampler, self._ctx.ctx, row))
         if lib.llama_vocab_is_eog(self._vocab, token):
             self._end(seq, self._tail(seq), EndReason.STOP)
             return
@@ -758,6 +781,9 @@ class BatchEngine:
         if seq.sampler is not None:
             self._lib.llama_sampler_free(seq.sampler)
             seq.sampler = None
+        if seq.grammar is not None:
+            seq.grammar.free()
+            seq.grammar = None
         if seq.id >= 0:
             if cache and self.cache_entries and 0 < seq.n_past <= self.cache_tokens:
                 self._keep(seq.id, seq.tokens[: seq.n_past])

@@ -26,7 +26,7 @@ from typing import Any
 
 from .._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, PromptTooLong
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest, SamplingParams, refuse
+from ._base import GenerationRequest, SamplingParams, refuse, refuse_grammar
 from ._loading import check_gguf_file, load_with_deadline
 
 logger = logging.getLogger("tokenbelt.engines.llama")
@@ -221,6 +221,7 @@ class LlamaEngine:
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         refuse(request.sampling, "single-context llama.cpp", *_UNSUPPORTED)
+        refuse_grammar(request, "the single-context llama.cpp engine")
         n = len(self.tokenize_request(request))
         if n + 1 > self.context_length:
             raise PromptTooLong(
@@ -302,6 +303,7 @@ class LlamaEngine:
     def generate(self, request: GenerationRequest, belt: Producer[str]) -> EndReason:
         if self._closed:
             raise IllegalState("the engine is closed")
+        refuse_grammar(request, "the single-context llama.cpp engine")
         if not self._busy.acquire(blocking=False):
             raise IllegalState("this engine is already generating; one request per slot")
         flag = ctypes.create_string_buffer(2)  # per request: a late cancel hits only its own

@@ -46,7 +46,7 @@ import aiohttp
 
 from .._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
 from ..belt import EndReason, Producer
-from ._base import GenerationRequest, refuse
+from ._base import GenerationRequest, refuse, refuse_grammar
 from ._upstreams import UpstreamPool, UpstreamState, UpstreamStatistics
 from ._wire import (
     READ_BUFFER_BYTES,
@@ -162,6 +162,7 @@ class RemoteEngine:
         """An estimate (the upstream's usage replaces it); a prompt too long for the
         upstream's context comes back as the upstream's own 400."""
         refuse(request.sampling, "remote", "logprobs")
+        refuse_grammar(request, "a remote engine")
         if request.prompt is not None:
             return estimate_tokens(request.prompt)
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from .._errors import DecodeError, InvalidArgument, PromptTooLong
 from ..belt import EndReason, Producer, check_duration
-from ._base import GenerationRequest
+from ._base import GenerationRequest, refuse_grammar
 
 
 class ScriptedEngine:
@@ -54,6 +54,7 @@ class ScriptedEngine:
         return cls([p for p in pieces if p], **kwargs)  # type: ignore[arg-type]
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        refuse_grammar(request, "the scripted engine")
         if request.prompt is not None:
             text = request.prompt
         else:

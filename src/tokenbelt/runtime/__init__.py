@@ -6,6 +6,7 @@ from ._runtime import Runtime
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._stream import Reply, Stream, Usage
+from ._structured import Tool, ToolCall
 
 __all__ = [
     "DEFAULT_ALIAS",
@@ -17,6 +18,8 @@ __all__ = [
     "Scheduler",
     "SchedulerStatistics",
     "Stream",
+    "Tool",
+    "ToolCall",
     "Usage",
     "sampling_from",
 ]

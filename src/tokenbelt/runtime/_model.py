@@ -23,6 +23,7 @@ from ..belt import (
 from ..engines import Engine, GenerationRequest, Message, SamplingParams
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._stream import Reply, Stream
+from ._structured import Structure, render_messages, structure
 
 if TYPE_CHECKING:
     from ._session import ChatSession
@@ -269,6 +270,7 @@ class Model:
         capacity: int | None = None,
         request_id: str | None = None,
         on_complete: Callable[[Stream], None] | None = None,
+        structure: Structure | None = None,
     ) -> Stream:
         """Queue ``request`` and return its ``Stream`` at once.
 
@@ -290,7 +292,7 @@ class Model:
                 trace=trace,
                 timer=self._timer,
             )
-            stream = Stream(belt, on_complete=on_complete)
+            stream = Stream(belt, on_complete=on_complete, structure=structure)
             sched.submit(request, belt)
         finally:
             with self._lock:
@@ -325,15 +327,28 @@ class Model:
         prompt: str | None = None,
         limits: Limits | None = None,
         capacity: int | None = None,
+        schema: Any = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
         **sampling: Any,
     ) -> Stream:
-        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session."""
+        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session.
+
+        ``schema`` (a pydantic model class or a JSON schema dict) constrains the reply
+        to that schema; ``tools`` (OpenAI-shaped functions) and ``tool_choice`` let it
+        call one (``messages`` may then hold ``tool_calls`` and ``tool`` turns). The
+        reply's ``parsed`` and ``tool_calls`` hold the result.
+        """
+        shape = structure(schema, tools, tool_choice)
+        if shape is not None and shape.tools and messages is not None:
+            messages = render_messages(messages, shape.tools, shape.choice)
         request = GenerationRequest(
             messages=None if messages is None else tuple(messages),
             prompt=prompt,
             sampling=sampling_from(sampling),
+            grammar=shape.grammar if shape else None,
         )
-        return self.submit(request, limits=limits, capacity=capacity)
+        return self.submit(request, limits=limits, capacity=capacity, structure=shape)
 
     def complete(self, messages: Sequence[Message] | None = None, **kwargs: Any) -> Reply:
         """Blocking ``stream(...).read()``."""

@@ -10,6 +10,7 @@ from .._errors import IllegalState, InvalidArgument
 from ..belt import Limits
 from ..engines import GenerationRequest, Message
 from ._stream import Reply, Stream
+from ._structured import render_messages, structure
 
 if TYPE_CHECKING:
     from ._model import Model
@@ -55,27 +56,47 @@ class ChatSession:
         *,
         limits: Limits | None = None,
         capacity: int | None = None,
+        schema: Any = None,
+        tools: Any = None,
+        tool_choice: Any = None,
+        tool_call_id: str | None = None,
         **sampling: Any,
     ) -> Stream:
         """Send ``text`` and return the reply's ``Stream`` at once (sync or async use).
 
+        ``schema`` (a pydantic model class or a JSON schema dict) constrains the reply
+        to it: ``reply.parsed`` holds the parsed object. ``tools`` (OpenAI-shaped
+        functions) and ``tool_choice`` let the reply call one: ``reply.tool_calls``.
+        With ``tool_call_id``, ``text`` is that call's result (a ``tool`` turn).
         Raises ``IllegalState`` while the previous turn's stream is still running.
         """
         from ._model import sampling_from
 
         if not isinstance(text, str):
             raise InvalidArgument(f"a chat turn is a string, got {type(text).__name__}")
+        shape = structure(schema, tools, tool_choice)
         with self._lock:
             if self._active is not None and self._active.end_reason is None:
                 raise IllegalState("the previous turn is still running; cancel or finish it")
             user: Message = {"role": "user", "content": text}
+            if tool_call_id is not None:
+                turn = {"role": "tool", "content": text, "tool_call_id": tool_call_id}
+                user = render_messages([turn], (), "none")[0]
+            messages: tuple[Message, ...] = (*self.messages, user)
+            if shape is not None and shape.tools:
+                messages = render_messages(messages, shape.tools, shape.choice)
             request = GenerationRequest(
-                messages=(*self.messages, user),
+                messages=messages,
                 sampling=sampling_from(sampling, self._defaults),
                 conversation_id=self.conversation_id,
+                grammar=shape.grammar if shape else None,
             )
         stream = self.model.submit(
-            request, limits=limits, capacity=capacity, on_complete=self._commit(user)
+            request,
+            limits=limits,
+            capacity=capacity,
+            on_complete=self._commit(user),
+            structure=shape,
         )
         self._active = stream
         return stream

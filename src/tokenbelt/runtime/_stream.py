@@ -10,6 +10,7 @@ from typing import Any
 from .._errors import EndOfStream, IllegalState
 from ..belt import Belt, BeltStatistics, EndReason, Trace
 from ..engines import Piece, TokenLogprob
+from ._structured import Structure, ToolCall
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,12 @@ class Usage:
 
 @dataclass(frozen=True)
 class Reply:
-    """A finished request: its text, usage, trace and end reason."""
+    """A finished request: its text, usage, trace and end reason.
+
+    With a ``schema``, ``parsed`` is the reply parsed (a pydantic model's instance, or
+    the JSON value), or None when the reply ended early; with ``tools``,
+    ``tool_calls`` holds the call the reply made (``text`` keeps it as written).
+    """
 
     text: str
     usage: Usage
@@ -44,10 +50,17 @@ class Reply:
     end_reason: EndReason
     #: each generated token's log-probability, when the request asked for ``logprobs``
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: the object a ``schema`` turn parsed, when it ended naturally
+    parsed: Any = None
+    #: the tool calls of a ``tools`` turn, when it ended naturally
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def finish_reason(self) -> str:
-        """The OpenAI-style finish reason (see ``EndReason.openai_finish_reason``)."""
+        """The OpenAI-style finish reason (see ``EndReason.openai_finish_reason``);
+        ``tool_calls`` when the reply ended with a call."""
+        if self.tool_calls and self.end_reason is EndReason.STOP:
+            return "tool_calls"
         return self.end_reason.openai_finish_reason
 
 
@@ -68,8 +81,10 @@ class Stream:
         belt: Belt[str],
         *,
         on_complete: Callable[[Stream], None] | None = None,
+        structure: Structure | None = None,
     ) -> None:
         self._belt = belt
+        self._structure = structure
         self._pieces: list[str] = []
         self._logprobs: list[TokenLogprob] = []
         self._on_complete = on_complete
@@ -181,12 +196,20 @@ class Stream:
         reason = self._belt.end_reason
         if reason is None:
             raise IllegalState("the stream has not ended yet; read it first")
+        text = self.text
+        parsed: Any = None
+        calls: tuple[ToolCall, ...] = ()
+        if self._structure is not None:
+            natural = reason is EndReason.STOP and self.trace.stop_sequence is None
+            parsed, calls = self._structure.parse(text, natural)
         return Reply(
-            text=self.text,
+            text=text,
             usage=self.usage,
             trace=self.trace,
             end_reason=reason,
             logprobs=tuple(self._logprobs),
+            parsed=parsed,
+            tool_calls=calls,
         )
 
     # -- stopping ----------------------------------------------------------------------------

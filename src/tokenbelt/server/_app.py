@@ -25,7 +25,7 @@ from .._errors import InvalidArgument
 from ..belt import EndReason
 from ..engines import GenerationRequest, SamplingParams
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas
+from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas, _tools
 from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
 from ._errors import Dialects, UnsupportedParameter, error_response
 from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
@@ -238,8 +238,10 @@ def create_app(
         usage["total_tokens"] = usage["prompt_tokens"] + completion
         return usage
 
-    def _final(choices: list[Choice]) -> dict[str, Any]:
+    def _final(choices: list[Choice], plan: _tools.Plan) -> dict[str, Any]:
         extension = tokenbelt_final(choices[0].stream)
+        if plan.grammar is not None:
+            extension["grammar"] = plan.info()
         if len(choices) > 1:
             extension["choices"] = [
                 {
@@ -251,8 +253,18 @@ def create_app(
             ]
         return extension
 
+    def _finish_reason(reason: EndReason, plan: _tools.Plan | None) -> str:
+        if plan is not None and plan.calls and reason is EndReason.STOP:
+            return "tool_calls"
+        return reason.openai_finish_reason
+
     async def _events(
-        choices: list[Choice], model: str, body: _Sampling, chat: bool, echo: str | None
+        choices: list[Choice],
+        model: str,
+        body: _Sampling,
+        chat: bool,
+        echo: str | None,
+        plans: dict[int, _tools.Plan],
     ) -> AsyncIterator[object]:
         base = {
             "id": choices[0].stream.request_id,
@@ -262,6 +274,7 @@ def create_app(
         }
         scored = bool(body.sampling().get("logprobs"))
         offsets = dict.fromkeys((c.index for c in choices), len(echo) if echo else 0)
+        deltas = {c.index: _tools.Deltas(plans[c.index]) for c in choices}
 
         def logprobs(choice: Choice) -> dict[str, Any]:
             if not scored:
@@ -273,45 +286,18 @@ def create_app(
             offsets[choice.index] += sum(len(t.token) for t in fresh)
             return {"logprobs": lp}
 
-        if echo is not None:
-            for c in choices:
-                yield {**base, "choices": [{"index": c.index, "text": echo, "finish_reason": None}]}
-        async for c, piece in pieces(choices):
-            stream = c.stream
-            if piece is None:  # this choice ended: its last chunk
-                await stream.await_released(RELEASE_WAIT_S)
-                reason = stream.end_reason or EndReason.RUNTIME_ERROR
-                last: dict[str, Any] = {
-                    "index": c.index,
-                    "finish_reason": reason.openai_finish_reason,
-                    **logprobs(c),
-                }
-                if chat:
-                    last["delta"] = {}
-                else:
-                    last["text"] = ""
-                final: dict[str, Any] = {
-                    **base,
-                    "choices": [last],
-                    "tokenbelt": tokenbelt_final(stream),
-                }
-                if c.failed is not None:
-                    _status, type_, code = _errors.failure(c.failed)
-                    error = f"{type(c.failed).__name__}: {c.failed}"
-                    final["error"] = _errors.error_body(error, type_, code)["error"]
-                yield final
-                continue
-            if chat:
-                delta: dict[str, Any] = {"content": piece}
+        def chunk(c: Choice, delta: dict[str, Any] | None, piece: str = "") -> dict[str, Any]:
+            if delta is not None:
                 if c.first:
-                    delta["role"] = "assistant"
+                    delta = {"role": "assistant", **delta}
                 choice: dict[str, Any] = {"index": c.index, "delta": delta, "finish_reason": None}
             else:
                 choice = {"index": c.index, "text": piece, "finish_reason": None}
             choice.update(logprobs(c))
             c.first = False
+            stream = c.stream
             stats = stream.statistics()
-            yield {
+            return {
                 **base,
                 "choices": [choice],
                 "tokenbelt": {
@@ -320,27 +306,75 @@ def create_app(
                     "completion_tokens": stream.trace.completion_tokens,
                 },
             }
+
+        if echo is not None:
+            for c in choices:
+                yield {**base, "choices": [{"index": c.index, "text": echo, "finish_reason": None}]}
+        async for c, piece in pieces(choices):
+            if piece is not None:
+                if chat:
+                    for delta in deltas[c.index].feed(piece):
+                        yield chunk(c, delta)
+                else:
+                    yield chunk(c, None, piece)
+                continue
+            # This choice ended: its last deltas, then its last chunk.
+            stream = c.stream
+            await stream.await_released(RELEASE_WAIT_S)
+            reason = stream.end_reason or EndReason.RUNTIME_ERROR
+            if chat:
+                for delta in deltas[c.index].finish():
+                    yield chunk(c, delta)
+            last: dict[str, Any] = {
+                "index": c.index,
+                "finish_reason": _finish_reason(reason, plans[c.index]),
+                **logprobs(c),
+            }
+            if chat:
+                last["delta"] = {}
+            else:
+                last["text"] = ""
+            final: dict[str, Any] = {
+                **base,
+                "choices": [last],
+                "tokenbelt": _final([c], plans[c.index]),
+            }
+            if c.failed is not None:
+                _status, type_, code = _errors.failure(c.failed)
+                error = f"{type(c.failed).__name__}: {c.failed}"
+                final["error"] = _errors.error_body(error, type_, code)["error"]
+            yield final
         if body.stream_options and body.stream_options.include_usage:
             yield {**base, "choices": [], "usage": _usage(choices)}
         yield "[DONE]"
 
     def _respond(
-        choices: list[Choice], body: _Sampling, model: Model, chat: bool, echo: str | None = None
+        choices: list[Choice],
+        body: _Sampling,
+        model: Model,
+        chat: bool,
+        echo: str | None = None,
+        plan: _tools.Plan | None = None,
     ) -> Response:
+        # Each choice parses its own calls: a plan of its own.
+        base_plan = plan or _tools.Plan(())
+        plans = {c.index: dataclasses.replace(base_plan, calls=[]) for c in choices}
         first, others = choices[0].stream, [c.stream for c in choices[1:]]
         if body.stream:
-            events = _events(choices, model.name, body, chat, echo)
+            events = _events(choices, model.name, body, chat, echo, plans)
             return path.streaming(first, events, also=others)
         scored = bool(body.sampling().get("logprobs"))
 
         def one(c: Choice) -> dict[str, Any]:
             s = c.stream
-            reason = (s.end_reason or EndReason.RUNTIME_ERROR).openai_finish_reason
+            end = s.end_reason or EndReason.RUNTIME_ERROR
+            reason = end.openai_finish_reason
             if chat:
+                message = _tools.message(s.text, plans[c.index])
                 choice: dict[str, Any] = {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": s.text},
-                    "finish_reason": reason,
+                    "message": message,
+                    "finish_reason": _finish_reason(end, plans[c.index]),
                 }
                 if scored:
                     choice["logprobs"] = chat_logprobs(s.logprobs)
@@ -358,7 +392,7 @@ def create_app(
                 "model": model.name,
                 "choices": [one(c) for c in choices],
                 "usage": _usage(choices),
-                "tokenbelt": _final(choices),
+                "tokenbelt": _final(choices, base_plan),
             }
 
         return path.answer(first, render, shape=_errors.openai_shape, also=others)
@@ -369,12 +403,15 @@ def create_app(
     ) -> Response:
         model = state.model_for(body.model)
         messages = messages_for(body.messages, model.name)
+        plan = _tools.plan(messages, body.response_format, body.tools, body.tool_choice)
         requests = [
-            GenerationRequest(messages=messages, sampling=_sampling_for(body, i))
+            GenerationRequest(
+                messages=plan.messages, sampling=_sampling_for(body, i), grammar=plan.grammar
+            )
             for i in range(body.n)
         ]
         choices = await _submit(model, body, requests, x_request_id)
-        return _respond(choices, body, model, chat=True)
+        return _respond(choices, body, model, chat=True, plan=plan)
 
     @app.post("/v1/completions", summary="Text completion from a raw prompt")
     async def completions(

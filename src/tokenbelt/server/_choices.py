@@ -8,31 +8,28 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..engines import Message, TokenLogprob
+from ..engines import TokenLogprob
 from ..runtime import Stream
 from ._errors import UnsupportedParameter
-from ._schemas import ChatMessage
+from ._schemas import AssistantMessage, Message, ToolMessage
 
 #: content part types that hold an image (answered with a 400 naming the missing vision)
 _IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 
 
-def messages_for(messages: Sequence[ChatMessage], model: str) -> tuple[Message, ...]:
-    """Chat messages as the engine takes them.
+def messages_for(messages: Sequence[Message], model: str) -> list[dict[str, Any]]:
+    """Chat messages as plain dicts for the tool planner (``_tools.plan``).
 
     ``developer`` becomes ``system``; a list of text parts is joined with newlines (as
     vLLM does); an image part is a 400 that says the model has no vision; ``null``
-    content is allowed only for ``assistant`` (a turn that was all tool calls).
+    content (allowed only for an ``assistant`` turn that made tool calls) is empty text.
+    An assistant's ``tool_calls`` and a tool result's ``tool_call_id`` stay on the dict.
     """
-    out: list[Message] = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
         content = m.content
         if content is None:
-            if m.role != "assistant":
-                raise UnsupportedParameter(
-                    f"messages.{i}.content", f"a {m.role} message needs content"
-                )
             text = ""
         elif isinstance(content, str):
             text = content
@@ -50,11 +47,15 @@ def messages_for(messages: Sequence[ChatMessage], model: str) -> tuple[Message, 
                     )
                 texts.append(part.text)
             text = "\n".join(texts)
-        message: Message = {"role": role, "content": text}
+        message: dict[str, Any] = {"role": role, "content": text}
         if m.name is not None:
             message["name"] = m.name
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            message["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+        if isinstance(m, ToolMessage):
+            message["tool_call_id"] = m.tool_call_id
         out.append(message)
-    return tuple(out)
+    return out
 
 
 # -- log-probabilities ------------------------------------------------------------------------

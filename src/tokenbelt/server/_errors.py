@@ -129,10 +129,18 @@ def failure(exc: BaseException) -> tuple[int, str, str]:
     return 500, "server_error", "runtime_error"
 
 
+def _where(err: Any) -> str:
+    """The field an error is about; a bad tag of a union names the tag's field."""
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    if err.get("type") == "union_tag_invalid":
+        loc.append(str(err.get("ctx", {}).get("discriminator", "")).strip("'"))
+    return ".".join(loc)
+
+
 def _describe(errors: list[Any]) -> str:
     parts = []
     for err in errors[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        loc = _where(err)
         # pydantic's "Extra inputs are not permitted" does not say what the user needs to hear.
         msg = "unsupported parameter" if err.get("type") == "extra_forbidden" else err.get("msg")
         parts.append(f"{loc or 'body'}: {msg or 'invalid'}")
@@ -159,7 +167,7 @@ def install(app: FastAPI, dialects: Dialects) -> None:
                 shape=shape(request),
             )
         first = errors[0] if errors else {}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        param = _where(first) or None
         # 400 as OpenAI answers a bad body (its SDK raises ``BadRequestError``), not 422.
         return error_response(
             400,

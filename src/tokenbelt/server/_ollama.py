@@ -177,7 +177,8 @@ def router(state: ServerState, path: RequestPath) -> APIRouter:
             {"role": m.role, "content": m.content} for m in body.messages
         )
         sampling = sampling_from(body.sampling(model.context_length))
-        return await run(model, body, GenerationRequest(messages=messages, sampling=sampling), True)
+        request = GenerationRequest(messages=messages, sampling=sampling, grammar=body.grammar())
+        return await run(model, body, request, True)
 
     @api.post("/generate", summary="Ollama: completion of a prompt (raw, or in the chat template)")
     async def generate(body: GenerateRequest) -> Response:
@@ -187,13 +188,17 @@ def router(state: ServerState, path: RequestPath) -> APIRouter:
             return await load_or_unload(model, body, chat=False)
         sampling = sampling_from(body.sampling(model.context_length))
         if body.raw:
-            request = GenerationRequest(prompt=body.prompt, sampling=sampling)
+            request = GenerationRequest(
+                prompt=body.prompt, sampling=sampling, grammar=body.grammar()
+            )
         else:
             messages: list[Message] = []
             if body.system:
                 messages.append({"role": "system", "content": body.system})
             messages.append({"role": "user", "content": body.prompt})
-            request = GenerationRequest(messages=tuple(messages), sampling=sampling)
+            request = GenerationRequest(
+                messages=tuple(messages), sampling=sampling, grammar=body.grammar()
+            )
         return await run(model, body, request, False)
 
     _ollama_models.add_routes(api, state)

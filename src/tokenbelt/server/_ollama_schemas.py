@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._errors import InvalidArgument
+from ..engines._grammar import Grammar, json_object_grammar, schema_grammar
 from ._errors import UnsupportedParameter
 from ._schemas import TokenbeltOptions
-
-_FORMAT = "tokenbelt has no grammar support yet, so it cannot constrain output to JSON"
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -57,7 +57,7 @@ class _Generation(BaseModel):
     model: str = Field("", max_length=200, description="a model's name; empty: the first")
     stream: bool = True
     options: Options | None = None
-    format: Any = Field(None, description="not supported (no grammar support); 400 if set")
+    format: Any = Field(None, description='"json" or a JSON schema: the reply is constrained to it')
     keep_alive: float | str | None = Field(
         None, description="how long the model stays loaded after this request; 0 unloads"
     )
@@ -66,10 +66,22 @@ class _Generation(BaseModel):
     top_logprobs: int | None = None
     tokenbelt: TokenbeltOptions | None = None
 
+    def grammar(self) -> Grammar | None:
+        """The grammar ``format`` asks for; ``UnsupportedParameter`` if it cannot be had."""
+        if self.format in (None, ""):
+            return None
+        if self.format == "json":
+            return json_object_grammar()
+        if not isinstance(self.format, dict):
+            raise UnsupportedParameter("format", 'it is "json" or a JSON schema object')
+        try:
+            return schema_grammar(self.format)
+        except InvalidArgument as exc:
+            raise UnsupportedParameter("format", str(exc)) from exc
+
     def check_supported(self) -> None:
         """Raise ``UnsupportedParameter`` for a field set to something tokenbelt can't do."""
-        if self.format not in (None, ""):
-            raise UnsupportedParameter("format", _FORMAT)
+        self.grammar()
         if self.think not in (None, False):
             raise UnsupportedParameter("think", "tokenbelt has no thinking mode")
         if self.logprobs:

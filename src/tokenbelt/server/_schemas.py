@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .._defaults import DEFAULT_MAX_TOKENS
+from ._tools import CallSpec, ResponseFormat, ToolChoice, ToolSpec
 
 # Long enough for any real use, short enough that a typo is caught.
 MAX_TIMEOUT_S = 3600.0
@@ -50,17 +51,13 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message; ``developer`` is read as ``system``; ``tool`` carries a tool's result."""
+    """A system, developer (read as system) or user turn."""
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = Field(
-        None, description="a string or a list of text parts; may be null only for assistant"
-    )
+    role: Literal["system", "developer", "user"]
+    content: str | list[ContentPart] = Field(description="a string or a list of text parts")
     name: str | None = Field(None, max_length=256, description="the speaker's name")
-    tool_call_id: str | None = Field(None, max_length=256)
-    refusal: str | None = Field(None, description="accepted on assistant messages, no effect")
 
 
 #: OpenAI request fields that mean nothing to a local server: accepted, with no effect
@@ -74,6 +71,40 @@ IGNORED_FIELDS = (
 )
 #: most choices one request may ask for (``n``): each is a sequence of its own
 MAX_CHOICES = 16
+
+
+class AssistantMessage(BaseModel):
+    """An earlier reply: its text, its calls (sent back with the conversation), or both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["assistant"]
+    content: str | list[ContentPart] | None = Field(
+        None, description="a string or a list of text parts; null when it made tool calls"
+    )
+    name: str | None = Field(None, max_length=256, description="the speaker's name")
+    tool_calls: list[CallSpec] | None = Field(None, max_length=64)
+    refusal: str | None = Field(None, description="accepted, no effect")
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
+
+
+class ToolMessage(BaseModel):
+    """A tool's result, answering the call ``tool_call_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["tool"]
+    content: str | list[ContentPart] = Field(description="a string or a list of text parts")
+    tool_call_id: str = Field(min_length=1, max_length=256)
+    name: str | None = Field(None, max_length=256, description="the tool's name")
+
+
+Message = Annotated[ChatMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
 class _Sampling(BaseModel):
@@ -138,10 +169,16 @@ class _Sampling(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    messages: list[Message] = Field(min_length=1, max_length=4096)
     logprobs: bool = Field(False, description="each output token's log-probability")
     top_logprobs: int | None = Field(
         None, ge=0, le=20, description="with logprobs: the likeliest tokens of each step"
+    )
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="accepted; a reply makes at most one call"
     )
 
     def sampling(self) -> dict[str, object]:

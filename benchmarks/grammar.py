@@ -1,0 +1,166 @@
+"""Structured output: decode speed under a JSON-schema grammar, and schema compile time.
+
+In one process, on the embedded default model, one runtime (the batch engine, one
+slot), rounds alternating the order of:
+
+- **free**: a reply without a grammar;
+- **schema**: the same prompt and sampling under a JSON-schema grammar, sampled the way
+  tokenbelt does it: free first, the chosen token checked against the grammar, the
+  grammar applied to the whole vocabulary only when it refuses that token;
+- **full** (``--full``): the grammar applied to the whole vocabulary at every step, the
+  plain way, to show what the check-first step is worth.
+
+Rates are the traces' decode rates (tokens after the first over the time from the first
+token to the last), so prompt evaluation counts on neither side. Medians over
+``--rounds``. Also reported: the schema's compile time cold (an empty cache) and cached,
+and the time llama.cpp takes to parse the compiled grammar (every request does it once,
+at submit, before it queues).
+
+Target (issue 13): ``ratio = schema / free >= 0.8``.
+
+Run: ``.venv/bin/python benchmarks/grammar.py [--rounds N] [--tokens N] [--full] [--json]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from tokenbelt import Runtime
+from tokenbelt.engines import BatchEngine, Message
+from tokenbelt.engines._grammar import (
+    GrammarSampler,
+    check_grammar,
+    clear_schema_cache,
+    schema_grammar,
+)
+from tokenbelt.models import default_model_path
+
+PROMPT: list[Message] = [
+    {"role": "user", "content": "List many people you know, with their city and a short note."}
+]
+#: long enough that a reply fills ``--tokens`` under the grammar
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "minItems": 60,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "age": {"type": "integer"},
+                    "city": {"type": "string", "maxLength": 24},
+                    "note": {"type": "string", "maxLength": 60},
+                    "tags": {
+                        "type": "array",
+                        "items": {"type": "string", "enum": ["friend", "family", "work"]},
+                        "maxItems": 3,
+                    },
+                },
+                "required": ["name", "age", "city", "note", "tags"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["people"],
+}
+
+
+def compile_times(rounds: int) -> dict[str, float]:
+    cold, cached = [], []
+    for _ in range(rounds):
+        clear_schema_cache()
+        began = time.perf_counter()
+        schema_grammar(SCHEMA)
+        cold.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        schema_grammar(SCHEMA)
+        cached.append(time.perf_counter() - began)
+    return {
+        "compile_cold_ms": statistics.median(cold) * 1000,
+        "compile_cached_ms": statistics.median(cached) * 1000,
+    }
+
+
+def parse_time(engine: BatchEngine, rounds: int) -> float:
+    grammar = schema_grammar(SCHEMA)
+    took = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        check_grammar(engine._lib, engine._vocab, grammar)
+        took.append(time.perf_counter() - began)
+    return statistics.median(took) * 1000
+
+
+def one(model: Any, side: str, tokens: int, seed: int) -> tuple[float, int]:
+    schema = SCHEMA if side != "free" else None
+    GrammarSampler.check_first = side != "full"
+    try:
+        stream = model.stream(PROMPT, schema=schema, max_tokens=tokens, temperature=0.8, seed=seed)
+        reply = stream.read()
+    finally:
+        GrammarSampler.check_first = True
+    rate = reply.trace.decode_rate
+    if rate is None:
+        raise RuntimeError(f"the {side} reply had no decode rate ({reply.text!r})")
+    return rate, reply.usage.completion_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--full", action="store_true", help="also the grammar at every step")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not 1 <= args.rounds <= 100 or not 8 <= args.tokens <= 4000:
+        parser.error("--rounds must be 1..100 and --tokens 8..4000")
+
+    sides = ["free", "schema"] + (["full"] if args.full else [])
+    rates: dict[str, list[float]] = {s: [] for s in sides}
+    counts: dict[str, list[int]] = {s: [] for s in sides}
+    result: dict[str, Any] = compile_times(max(args.rounds, 5))
+    with Runtime(slots=1, keep_alive=None, prefix_cache=False) as runtime:
+        model = runtime.load(str(default_model_path()))
+        engine = model.engines[0]
+        assert isinstance(engine, BatchEngine)
+        result["grammar_parse_ms"] = parse_time(engine, max(args.rounds, 5))
+        one(model, "schema", 8, 0)  # warm up: threads, caches
+        for r in range(args.rounds):
+            order = sides if r % 2 == 0 else list(reversed(sides))
+            for side in order:
+                rate, n = one(model, side, args.tokens, seed=r)
+                rates[side].append(rate)
+                counts[side].append(n)
+    for side in sides:
+        result[f"{side}_tok_s"] = statistics.median(rates[side])
+        result[f"{side}_tokens"] = statistics.median(counts[side])
+    result["ratio"] = result["schema_tok_s"] / result["free_tok_s"]
+    if args.full:
+        result["ratio_full"] = result["full_tok_s"] / result["free_tok_s"]
+    result.update(rounds=args.rounds, max_tokens=args.tokens)
+    if args.json:
+        print(
+            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
+        )
+        return
+    print(f"{'measure':<24}{'value':>12}")
+    for key, value in result.items():
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        print(f"{key:<24}{shown:>12}")
+    print("target: ratio >= 0.8")
+
+
+if __name__ == "__main__":
+    main()

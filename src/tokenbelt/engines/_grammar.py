@@ -1,0 +1,416 @@
+"""Grammars that constrain sampling: JSON schemas compiled to GBNF, and the sampler step.
+
+A ``Grammar`` is plain text (GBNF, llama.cpp's grammar format) carried by the request,
+so a request with a grammar pickles like any other. ``schema_grammar`` compiles a JSON
+schema with llama-cpp-python's converter (``json_schema_to_gbnf``), measured and kept in
+an LRU cache keyed by the schema's compact JSON (key order kept: it is the output's).
+The engine checks that a grammar parses against its vocabulary before the request is
+queued, so a bad one costs no compute.
+
+``GrammarSampler`` runs llama.cpp's grammar sampler the way llama.cpp's own common
+sampler does: sample the token without the grammar, check that one token against the
+grammar, and only when the grammar rejects it apply the grammar to the whole
+vocabulary and sample again. Most tokens pass the cheap check, so a constrained stream
+decodes almost as fast as a free one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import DecodeError, InvalidArgument
+
+#: schemas kept compiled (their GBNF text)
+SCHEMA_CACHE_SIZE = 128
+#: constraints the converter would leave out: refused, so a reply never breaks its schema
+_UNENFORCED = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then",
+        "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+        "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)  # fmt: skip
+_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4"})
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A GBNF grammar for one request; plain strings, so it pickles.
+
+    With ``triggers`` the grammar is lazy: text is free until the output matches one of
+    the patterns (a full match of everything so far, ECMAScript regex); from the first
+    capture group of that match on, the grammar applies.
+    """
+
+    gbnf: str
+    root: str = "root"
+    triggers: tuple[str, ...] = ()
+    #: seconds the compilation took (0.0 when it came from the cache)
+    compile_s: float = field(default=0.0, compare=False)
+    #: whether the compiled text came from the cache
+    cached: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True)
+class GrammarCacheInfo:
+    """The schema cache's counters (a snapshot)."""
+
+    hits: int
+    misses: int
+    size: int
+    #: total seconds spent compiling schemas
+    compile_s: float
+
+
+#: the converter's string characters let raw control characters through, which JSON
+#: forbids inside a string (a reply with a raw newline in a string would not parse);
+#: its pattern ``.`` lets through a raw quote too
+_LAX_RULES = {
+    'char ::= [^"\\\\] |': 'char ::= [^"\\\\\\x00-\\x1F\\x7F] |',
+    "dot ::= [^\\x0A\\x0D]": 'dot ::= [^"\\\\\\x00-\\x1F\\x7F]',
+}
+
+
+def _json_safe(gbnf: str) -> str:
+    """The converter's grammar with string characters JSON allows unescaped, only."""
+    for lax, strict in _LAX_RULES.items():
+        gbnf = gbnf.replace(lax, strict)
+    return gbnf
+
+
+def _binding() -> None:
+    """Import llama-cpp-python as the engines do: its native log lines go to ``logging``
+    and the files it opens at import are closed at exit (a process may compile schemas
+    before, or without, loading a model)."""
+    from ._llama import _quiet_native_logs
+
+    _quiet_native_logs()
+
+
+class _SchemaCache:
+    def __init__(self, size: int) -> None:
+        self._lock = threading.Lock()
+        self._compile_s = 0.0
+        self._compile = functools.lru_cache(maxsize=size)(self._convert)
+
+    def _convert(self, canonical: str) -> tuple[str, float]:
+        _binding()
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        started = time.perf_counter()
+        check_enforceable(json.loads(canonical))
+        try:
+            gbnf = _json_safe(json_schema_to_gbnf(canonical))
+        except Exception as exc:  # the converter asserts on what it cannot express
+            raise InvalidArgument(
+                f"the JSON schema cannot be compiled to a grammar: {exc}"
+            ) from exc
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._compile_s += elapsed
+        return gbnf, elapsed
+
+    def grammar(self, schema: object) -> Grammar:
+        canonical = canonical_schema(schema)
+        before = self._compile.cache_info().hits
+        gbnf, elapsed = self._compile(canonical)
+        cached = self._compile.cache_info().hits > before
+        return Grammar(gbnf, compile_s=0.0 if cached else elapsed, cached=cached)
+
+    def info(self) -> GrammarCacheInfo:
+        ci = self._compile.cache_info()
+        with self._lock:
+            return GrammarCacheInfo(ci.hits, ci.misses, ci.currsize, self._compile_s)
+
+    def clear(self) -> None:
+        self._compile.cache_clear()
+        with self._lock:
+            self._compile_s = 0.0
+
+
+_CACHE = _SchemaCache(SCHEMA_CACHE_SIZE)
+
+
+def check_enforceable(schema: object, where: str = "") -> None:
+    """Raise ``InvalidArgument`` if the schema asks for what the grammar cannot enforce."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise InvalidArgument(f"a JSON schema must be an object (at {where or 'the top'})")
+    at = f" (at {where})" if where else ""
+    unenforced = sorted(_UNENFORCED & schema.keys())
+    if unenforced:
+        raise InvalidArgument(
+            f"the JSON schema uses {unenforced[0]!r}{at}, which the grammar cannot enforce"
+        )
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in _FORMATS:
+        raise InvalidArgument(f"the JSON schema's format {fmt!r}{at} cannot be enforced")
+    path = f"{where}." if where else ""
+    for key in ("properties", "$defs", "definitions"):
+        for name, sub in (schema.get(key) or {}).items():
+            check_enforceable(sub, f"{path}{key}.{name}")
+    for key in ("items", "additionalProperties"):
+        sub = schema.get(key)
+        if isinstance(sub, dict):
+            check_enforceable(sub, f"{path}{key}")
+    for key in ("items", "prefixItems", "anyOf", "oneOf", "allOf"):
+        subs = schema.get(key)
+        if isinstance(subs, list):
+            for i, sub in enumerate(subs):
+                check_enforceable(sub, f"{path}{key}[{i}]")
+
+
+def canonical_schema(schema: object) -> str:
+    """The schema as compact JSON: the cache's key and the converter's input.
+
+    Keys keep their order: the order of ``properties`` is the order of the output.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise InvalidArgument(f"the JSON schema is not valid JSON: {exc}") from exc
+    if not isinstance(schema, dict):
+        raise InvalidArgument(f"a JSON schema must be an object, got {type(schema).__name__}")
+    try:
+        return json.dumps(schema, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"the JSON schema is not JSON: {exc}") from exc
+
+
+def schema_grammar(schema: object) -> Grammar:
+    """The grammar of a JSON schema (a dict or its JSON text); cached per schema.
+
+    Raises ``InvalidArgument`` when the schema uses what the converter cannot express.
+    """
+    return _CACHE.grammar(schema)
+
+
+def json_object_grammar() -> Grammar:
+    """Any JSON object (``response_format: {"type": "json_object"}``)."""
+    return _CACHE.grammar({"type": "object"})
+
+
+#: what a call's JSON starts with, after the opening tag (its name comes next)
+CALL_PREFIX = '{"name": "'
+#: what separates a call's name from its arguments
+CALL_ARGUMENTS = '", "arguments": '
+
+
+def _literal(text: str) -> str:
+    """``text`` as a GBNF string literal."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _regex_escape(text: str) -> str:
+    """``text`` as an ECMAScript regex that matches it literally."""
+    return "".join("\\" + c if c in "\\^$.|?*+()[]{}/" else c for c in text)
+
+
+def _regex_prefixes(text: str) -> str:
+    """An ECMAScript regex matching any prefix of ``text`` (the empty one too)."""
+    out = ""
+    for ch in reversed(text):
+        out = f"(?:{_regex_escape(ch)}{out})?"
+    return out
+
+
+def _definitions(schema: object) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        return {}
+    return {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
+
+
+@functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
+def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
+    _binding()
+    from llama_cpp import llama_grammar
+
+    converter_class: Any = llama_grammar.SchemaConverter
+    head, tail, functions = json.loads(canonical)
+    started = time.perf_counter()
+    converter = converter_class(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    calls = []
+    defined: dict[str, tuple[str, object]] = {}
+    for name, schema in functions:
+        # The converter names a definition's rule after it, once for the whole grammar.
+        for ref, sub in _definitions(schema).items():
+            first = defined.setdefault(ref, (name, sub))
+            if first[1] != sub:
+                raise InvalidArgument(
+                    f"functions {first[0]!r} and {name!r} define {ref!r} differently; "
+                    "rename one of them"
+                )
+    for i, (name, schema) in enumerate(functions):
+        check_enforceable(schema, f"function {name}")
+        try:
+            resolved = converter.resolve_refs(schema, f"function-{i}")
+            args = converter.visit(resolved, f"function-{i}-arguments")
+        except Exception as exc:  # the converter asserts on what it cannot express
+            raise InvalidArgument(
+                f"the parameters of function {name!r} cannot be compiled to a grammar: {exc}"
+            ) from exc
+        calls.append(f"{_literal(name + CALL_ARGUMENTS)} {args}")
+    rules = _json_safe(converter.format_grammar())
+    call = " | ".join(f"({c})" for c in calls)
+    root = (
+        f'root ::= {_literal(head)} "\\n"? {_literal(CALL_PREFIX)} ({call}) "}}" {_literal(tail)}'
+    )
+    trigger = "[\\s\\S]*?(" + _regex_escape(head) + "\\n?" + _regex_prefixes(CALL_PREFIX) + ")"
+    return f"{rules}\n{root}\n", trigger, time.perf_counter() - started
+
+
+def functions_grammar(
+    functions: list[tuple[str, object]], *, head: str, tail: str, lazy: bool
+) -> Grammar:
+    """A grammar for exactly one call ``head{"name": "f", "arguments": {...}}tail`` of one
+    of ``functions`` (name, JSON schema of its arguments); cached per function set.
+
+    ``lazy``: text is free until the output ends in ``head`` (or ``head`` and the start
+    of the call's JSON); the grammar applies from ``head`` on. The trigger never fires on
+    text the grammar would refuse, so the grammar never meets a piece it cannot accept.
+    """
+    for name, _ in functions:
+        if not name or not all(c.isalnum() or c in "_-" for c in name) or not name.isascii():
+            raise InvalidArgument(f"a function name is letters, digits, _ and -, got {name!r}")
+    canonical = json.dumps(
+        [head, tail, [[n, json.loads(canonical_schema(s))] for n, s in functions]]
+    )
+    before = _functions_gbnf.cache_info().hits
+    gbnf, trigger, elapsed = _functions_gbnf(canonical)
+    cached = _functions_gbnf.cache_info().hits > before
+    return Grammar(
+        gbnf,
+        triggers=(trigger,) if lazy else (),
+        compile_s=0.0 if cached else elapsed,
+        cached=cached,
+    )
+
+
+def schema_cache_info() -> GrammarCacheInfo:
+    return _CACHE.info()
+
+
+def clear_schema_cache() -> None:
+    """Forget every compiled schema (the benchmark's cold start)."""
+    _CACHE.clear()
+    _functions_gbnf.cache_clear()
+
+
+# -- the sampler step ---------------------------------------------------------------------------
+
+
+def init_grammar_sampler(lib: Any, vocab: Any, grammar: Grammar) -> Any:
+    """llama.cpp's grammar sampler for ``grammar``; ``InvalidArgument`` if it does not parse."""
+    text, root = grammar.gbnf.encode("utf-8"), grammar.root.encode("utf-8")
+    if grammar.triggers:
+        patterns = (ctypes.c_char_p * len(grammar.triggers))(
+            *(p.encode("utf-8") for p in grammar.triggers)
+        )
+        sampler = lib.llama_sampler_init_grammar_lazy_patterns(
+            vocab, text, root, patterns, len(grammar.triggers), None, 0
+        )
+    else:
+        sampler = lib.llama_sampler_init_grammar(vocab, text, root)
+    if not sampler:
+        raise InvalidArgument("the grammar does not parse (llama.cpp refused it)")
+    return sampler
+
+
+def check_grammar(lib: Any, vocab: Any, grammar: Grammar) -> None:
+    """Parse ``grammar`` against ``vocab`` and free it: raises ``InvalidArgument`` if bad."""
+    lib.llama_sampler_free(init_grammar_sampler(lib, vocab, grammar))
+
+
+class GrammarSampler:
+    """One sequence's grammar beside its sampler chain (see the module docstring).
+
+    ``sample`` picks the next token from the logits row and advances both the chain
+    and the grammar. An end-of-generation token is never fed to the grammar: the
+    sequence ends there, and llama.cpp aborts on an end token the grammar did not allow.
+    """
+
+    #: sample free first and check that token (False: the grammar over every token,
+    #: every step; the benchmark's comparison)
+    check_first = True
+
+    def __init__(self, lib: Any, vocab: Any, n_vocab: int, grammar: Grammar) -> None:
+        import numpy as np
+
+        self._lib = lib
+        self._np = np
+        self._vocab = vocab
+        self._n = n_vocab
+        self.sampler = init_grammar_sampler(lib, vocab, grammar)
+        self._data = (lib.llama_token_data * n_vocab)()
+        self._all = lib.llama_token_data_array(
+            data=self._data, size=n_vocab, selected=-1, sorted=False
+        )
+        self._one_data = (lib.llama_token_data * 1)()
+        self._one = lib.llama_token_data_array(
+            data=self._one_data, size=1, selected=-1, sorted=False
+        )
+        dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+        self._view = np.frombuffer(self._data, dtype=dtype)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        #: tokens the grammar rejected after a free sample (each cost a full pass)
+        self.resampled = 0
+
+    def _fill(self, logits: Any) -> None:
+        view = self._view
+        view["id"] = self._ids
+        view["logit"] = self._np.ctypeslib.as_array(logits, shape=(self._n,))
+        view["p"] = 0.0
+        self._all.size = self._n
+        self._all.selected = -1
+        self._all.sorted = False
+
+    def _allowed(self, token: int) -> bool:
+        one = self._one_data[0]
+        one.id = token
+        one.logit = 1.0
+        one.p = 0.0
+        self._one.size = 1
+        self._one.selected = -1
+        self._one.sorted = False
+        self._lib.llama_sampler_apply(self.sampler, ctypes.byref(self._one))
+        return not math.isinf(self._one_data[0].logit)
+
+    def _selected(self) -> int:
+        if self._all.selected < 0:  # pragma: no cover - a parsed grammar always allows one
+            raise DecodeError("the grammar allows no next token")
+        return int(self._data[self._all.selected].id)
+
+    def sample(self, chain: Any, ctx: Any, row: int) -> int:
+        """The next token; raises ``DecodeError`` if the grammar allows none."""
+        lib = self._lib
+        logits = lib.llama_get_logits_ith(ctx, row)
+        self._fill(logits)
+        lib.llama_sampler_apply(chain, ctypes.byref(self._all))
+        token = self._selected()
+        if not self.check_first or not self._allowed(token):
+            self.resampled += 1
+            self._fill(logits)
+            lib.llama_sampler_apply(self.sampler, ctypes.byref(self._all))
+            lib.llama_sampler_apply(chain, ctypes.byref(self._all))
+            token = self._selected()
+        if not lib.llama_vocab_is_eog(self._vocab, token):
+            lib.llama_sampler_accept(self.sampler, token)
+        lib.llama_sampler_accept(chain, token)
+        return token
+
+    def free(self) -> None:
+        if self.sampler is not None:
+            self._lib.llama_sampler_free(self.sampler)
+            self.sampler = None

@@ -1,0 +1,186 @@
+"""Grammars: schema compilation (cached, refused when not enforceable) and the batch
+engine's constrained sampling on the real model."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import threading
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+
+from tokenbelt import EndReason, InvalidArgument, Runtime, ScriptedEngine
+from tokenbelt.belt import Belt, Trace
+from tokenbelt.engines import BatchEngine, GenerationRequest, SamplingParams
+from tokenbelt.engines._grammar import (
+    Grammar,
+    check_enforceable,
+    clear_schema_cache,
+    functions_grammar,
+    json_object_grammar,
+    schema_cache_info,
+    schema_grammar,
+)
+from tokenbelt.models import default_model_path
+
+POINT = {
+    "type": "object",
+    "properties": {"x": {"type": "integer"}, "label": {"type": "string", "maxLength": 12}},
+    "required": ["x", "label"],
+}
+
+
+# -- compilation ----------------------------------------------------------------------------------
+
+
+def test_a_schema_compiles_once_and_is_then_cached() -> None:
+    clear_schema_cache()
+    cold = schema_grammar(POINT)
+    warm = schema_grammar(json.dumps(POINT))  # its JSON text is the same schema
+    assert not cold.cached
+    assert cold.compile_s > 0
+    assert warm.cached
+    assert warm.compile_s == 0.0
+    assert warm == cold
+    info = schema_cache_info()
+    assert (info.hits, info.misses, info.size) == (1, 1, 1)
+    assert info.compile_s >= cold.compile_s
+
+
+def test_strings_hold_only_what_json_allows_unescaped() -> None:
+    # The converter's own rules let a raw newline (or, through a pattern's ".", a raw
+    # quote) into a string: the reply would not parse.
+    text = schema_grammar({"type": "object", "properties": {"a": {"type": "string"}}}).gbnf
+    char = next(line for line in text.splitlines() if line.startswith("char ::="))
+    assert char.startswith('char ::= [^"\\\\\\x00-\\x1F\\x7F] |')
+    text = schema_grammar({"type": "string", "pattern": "^a.b$"}).gbnf
+    assert 'dot ::= [^"\\\\\\x00-\\x1F\\x7F]' in text
+
+
+def test_property_order_is_the_output_order() -> None:
+    reordered = {**POINT, "properties": dict(reversed(list(POINT["properties"].items())))}
+    a, b = schema_grammar(POINT).gbnf, schema_grammar(reordered).gbnf
+    assert a != b
+    root = next(line for line in a.splitlines() if line.startswith("root ::="))
+    assert root.index("x-kv") < root.index("label-kv")
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "strange"}, "cannot be compiled"),
+        ({"type": "string", "pattern": "(("}, "cannot be compiled"),
+        ("{not json", "not valid JSON"),
+        ([1, 2], "must be an object"),
+        ({"type": "integer", "maximum": 3}, "'maximum'"),
+        ({"properties": {"a": {"type": "array", "uniqueItems": True}}}, "properties.a"),
+        ({"type": "string", "format": "email"}, "format 'email'"),
+        ({"anyOf": [{"type": "number", "multipleOf": 2}]}, r"anyOf\[0\]"),
+    ],
+)
+def test_what_cannot_be_enforced_is_refused(schema: object, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        schema_grammar(schema)
+
+
+def test_a_property_named_like_a_keyword_is_fine() -> None:
+    check_enforceable({"type": "object", "properties": {"maximum": {"type": "integer"}}})
+
+
+def test_a_function_grammar_and_its_trigger() -> None:
+    functions = [("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})]
+    eager = functions_grammar(functions, head="<tool_call>", tail="</tool_call>", lazy=False)
+    lazy = functions_grammar(functions, head="<tool_call>", tail="</tool_call>", lazy=True)
+    assert eager.triggers == ()
+    assert eager.gbnf == lazy.gbnf
+    (trigger,) = lazy.triggers
+    # Fires on the opening tag and any start of the call's JSON, never on what the
+    # grammar would refuse (which llama.cpp could not feed to it).
+    for fires in ("<tool_call>", 'hi <tool_call>\n{"na', 'x<tool_call>{"name": "'):
+        assert re.fullmatch(trigger, fires)
+    for waits in ("<tool_ca", "<tool_call> hello", '<tool_call>{"nombre'):
+        assert not re.fullmatch(trigger, waits)
+    same_name = [
+        (f, {"$defs": {"Addr": {"type": t}}, "properties": {"a": {"$ref": "#/$defs/Addr"}}})
+        for f, t in (("f", "string"), ("g", "integer"))
+    ]
+    with pytest.raises(InvalidArgument, match="define 'Addr' differently"):
+        functions_grammar(same_name, head="<", tail=">", lazy=False)
+    with pytest.raises(InvalidArgument, match="function name"):
+        functions_grammar([("no spaces", {})], head="<", tail=">", lazy=False)
+
+
+def test_a_request_with_a_grammar_pickles() -> None:
+    request = GenerationRequest.chat(
+        [{"role": "user", "content": "hi"}], grammar=schema_grammar(POINT)
+    )
+    again = pickle.loads(pickle.dumps(request))
+    assert again == request
+    assert again.grammar is not None
+    assert again.grammar.gbnf == request.grammar.gbnf  # type: ignore[union-attr]
+
+
+def test_an_engine_without_grammars_refuses_one() -> None:
+    with Runtime(keep_alive=None) as runtime:
+        runtime.add_engines("scripted", [ScriptedEngine(["a"])])
+        request = GenerationRequest.chat(
+            [{"role": "user", "content": "hi"}], grammar=json_object_grammar()
+        )
+        with pytest.raises(InvalidArgument, match="grammar"):
+            runtime.get("scripted").submit(request)
+
+
+# -- constrained sampling on the real model -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[BatchEngine]:
+    e = BatchEngine(default_model_path(), slots=2, n_ctx=1024, cache_entries=0)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def run(engine: BatchEngine, request: GenerationRequest) -> tuple[str, EndReason]:
+    """Run one request through the engine's blocking path and read it all."""
+    belt: Belt[str] = Belt(64, trace=Trace("req_test"))
+    engine.count_prompt_tokens(request)
+    pieces: list[str] = []
+
+    def produce() -> EndReason:
+        return belt.produce(lambda p: engine.generate(request, p))  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    pieces.extend(belt)
+    thread.join(30)
+    assert belt.end_reason is not None
+    return "".join(pieces), belt.end_reason
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("temperature", [0.0, 0.8, 1.5])
+def test_constrained_replies_match_their_schema(engine: BatchEngine, temperature: float) -> None:
+    grammar = schema_grammar(POINT)
+    for seed in range(3):
+        request = GenerationRequest.chat(
+            [{"role": "user", "content": "Write a poem about the sea."}],
+            SamplingParams(max_tokens=100, temperature=temperature, seed=seed),
+            grammar=grammar,
+        )
+        text, reason = run(engine, request)
+        assert reason is EndReason.STOP
+        jsonschema.validate(json.loads(text), POINT)
+
+
+@pytest.mark.model
+def test_a_grammar_that_does_not_parse_is_refused_before_it_queues(engine: BatchEngine) -> None:
+    request = GenerationRequest.chat(
+        [{"role": "user", "content": "hi"}], grammar=Grammar('root ::= "a" undefined-rule')
+    )
+    with pytest.raises(InvalidArgument, match="does not parse"):
+        engine.count_prompt_tokens(request)

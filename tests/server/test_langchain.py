@@ -1,0 +1,75 @@
+"""langchain-openai against a real server: ``with_structured_output`` and ``bind_tools``.
+
+langchain sends what applications send (a ``json_schema`` response format from a
+pydantic model, OpenAI tool definitions) and parses the reply itself: a usable object
+back means the wire shapes are right.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, Field
+
+from .conftest import NET, Served, ServeFactory, real_runtime
+
+langchain_openai = pytest.importorskip("langchain_openai")
+
+
+class Person(BaseModel):
+    """A person."""
+
+    name: str = Field(description="the person's name", max_length=24)
+    age: int
+    city: str = Field(max_length=24)
+
+
+class Weather(BaseModel):
+    """The current weather in a city."""
+
+    city: str = Field(max_length=32)
+    unit: str = Field(json_schema_extra={"enum": ["celsius", "fahrenheit"]})
+
+
+@pytest.fixture
+def served(serve: ServeFactory) -> Served:
+    return serve(real_runtime())
+
+
+def chat_model(served: Served) -> object:
+    return langchain_openai.ChatOpenAI(
+        base_url=f"{served.url}/v1",
+        api_key="x",
+        model=served.model().name,
+        max_tokens=150,
+        timeout=NET,
+        max_retries=0,
+    )
+
+
+def test_with_structured_output_returns_the_pydantic_object(served: Served) -> None:
+    llm = chat_model(served).with_structured_output(Person)  # type: ignore[attr-defined]
+    for prompt in ("Describe a baker from Lyon.", "Describe an old sailor."):
+        person = llm.invoke(prompt)
+        assert isinstance(person, Person)
+
+
+def test_bind_tools_returns_valid_tool_calls(served: Served) -> None:
+    llm = chat_model(served).bind_tools([Weather], tool_choice="required")  # type: ignore[attr-defined]
+    message = llm.invoke("What is the weather in Paris?")
+    assert len(message.tool_calls) == 1
+    call = message.tool_calls[0]
+    assert call["name"] == "Weather"
+    assert call["id"]
+    jsonschema.validate(call["args"], Weather.model_json_schema())
+    Weather.model_validate(call["args"])
+    # And streamed: the chunks add up to the same kind of call.
+    chunks = list(llm.stream("Is it raining in Oslo?"))
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total = total + chunk
+    assert len(total.tool_calls) == 1
+    Weather.model_validate(total.tool_calls[0]["args"])
+    assert json.loads(total.tool_call_chunks[0]["args"]) == total.tool_calls[0]["args"]
