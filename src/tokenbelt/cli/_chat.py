@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import time
@@ -36,8 +35,7 @@ from ._common import (
     Parser,
     fail,
     missing_model_file,
-    non_negative_int,
-    positive_int,
+    sampling_value,
     startup_line,
     thread_count,
 )
@@ -610,16 +608,6 @@ def chat_loop(backend: Backend, console: Console, max_tokens: int) -> int:
 # -- the command --------------------------------------------------------------------------------
 
 
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 2:
-        raise argparse.ArgumentTypeError(f"temperature must be in 0..2, got {text}")
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "chat",
@@ -647,14 +635,18 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--system", help="system prompt (default: none)")
     p.add_argument(
         "--max-tokens",
-        type=positive_int,
+        type=sampling_value("max_tokens", int),
         default=DEFAULT_MAX_TOKENS,
         help="longest reply, in tokens",
     )
     p.add_argument(
-        "--temperature", type=_temperature, help="sampling temperature, 0..2 (default: model's)"
+        "--temperature",
+        type=sampling_value("temperature", float),
+        help="sampling temperature, 0..2 (default: model's)",
     )
-    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default: random)")
+    p.add_argument(
+        "--seed", type=sampling_value("seed", int), help="sampling seed (default: random)"
+    )
     p.add_argument(
         "--threads", type=thread_count, help="llama.cpp decode threads (default: adaptive)"
     )

@@ -17,6 +17,7 @@ from ._common import (
     duration,
     fail,
     missing_model_file,
+    n_ctx,
     non_negative_int,
     positive_duration,
     positive_int,
@@ -113,9 +114,15 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     )
     p.add_argument(
         "--n-ctx",
-        type=positive_int,
+        type=n_ctx,
         default=4096,
-        help="tokens each request may hold (default 4096)",
+        help="tokens each request may hold (default 4096; at least 64, at most what the "
+        "model was trained on unless --force-n-ctx)",
+    )
+    p.add_argument(
+        "--force-n-ctx",
+        action="store_true",
+        help="allow an --n-ctx past the model's trained context (replies degrade there)",
     )
     add_thread_options(p)
     p.add_argument(
@@ -177,7 +184,14 @@ def main(args: argparse.Namespace) -> int:
 
         home = Home.from_env()
         if find_remote(alias, home) is None:
-            choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
+            choice = choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
+            trained = choice.entry.context_length
+            if trained and args.n_ctx > trained and not args.force_n_ctx:
+                fail(
+                    f"--n-ctx {args.n_ctx} is more than {alias} was trained on ({trained} "
+                    "tokens): give a smaller --n-ctx, or add --force-n-ctx",
+                    2,
+                )
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -206,6 +220,7 @@ def main(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         keep_alive=args.keep_alive or None,
         n_ctx=args.n_ctx,
+        force_n_ctx=args.force_n_ctx,
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
         prefill_chunk=args.prefill_chunk,

@@ -320,14 +320,19 @@ class Model:
 
     def stream(
         self,
-        messages: Sequence[Message] | None = None,
+        messages: Sequence[Message] | str | None = None,
         *,
         prompt: str | None = None,
         limits: Limits | None = None,
         capacity: int | None = None,
         **sampling: Any,
     ) -> Stream:
-        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session."""
+        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session.
+
+        ``messages`` may be one string: a single user message.
+        """
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
         request = GenerationRequest(
             messages=None if messages is None else tuple(messages),
             prompt=prompt,
@@ -335,7 +340,7 @@ class Model:
         )
         return self.submit(request, limits=limits, capacity=capacity)
 
-    def complete(self, messages: Sequence[Message] | None = None, **kwargs: Any) -> Reply:
+    def complete(self, messages: Sequence[Message] | str | None = None, **kwargs: Any) -> Reply:
         """Blocking ``stream(...).read()``."""
         return self.stream(messages, **kwargs).read()
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import RuntimeClosed, UnknownModel, UpstreamUnavailable
+from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity
 from ..engines import (
     BatchEngine,
@@ -27,6 +27,20 @@ from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
 
+#: the smallest context a sequence may have: a chat template, a short turn and a reply
+MIN_N_CTX = 64
+
+
+def check_n_ctx(value: int) -> int:
+    """Reject an ``n_ctx`` too small to hold a prompt (the SDK's and the CLI's check)."""
+    check_capacity(value, name="n_ctx")
+    if value < MIN_N_CTX:
+        raise InvalidArgument(
+            f"n_ctx must be at least {MIN_N_CTX} tokens (a chat template and a short turn), "
+            f"got {value}"
+        )
+    return value
+
 
 class Runtime:
     """Catalog, cache and loaded models; a context manager (sync and async).
@@ -40,7 +54,9 @@ class Runtime:
     llama.cpp's decode and prompt thread counts (``None``: every core this process
     may use, for both). ``prefill_chunk`` is the most prompt tokens one batched step
     takes while other sequences decode (smaller: smoother running streams, slower
-    first token for a long new prompt). ``prefix_cache=False`` computes every prompt in
+    first token for a long new prompt). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
+    a chat template and a short turn) and at most what the model was trained on, unless
+    ``force_n_ctx``. ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
     start, so a prompt's arithmetic depends only on its batch, not on what ran before.
     ``close()`` cancels everything with ``shutdown``, waits for every release, then
@@ -60,6 +76,7 @@ class Runtime:
         n_threads_batch: int | None = None,
         prefill_chunk: int = 128,
         prefix_cache: bool = True,
+        force_n_ctx: bool = False,
         observers: Sequence[Observer] = (),
     ) -> None:
         self.slots = check_capacity(slots, name="slots")
@@ -67,7 +84,9 @@ class Runtime:
         self.capacity = check_capacity(capacity)
         self.limits = limits or Limits()
         self.keep_alive = keep_alive
-        self.n_ctx = check_capacity(n_ctx, name="n_ctx")
+        self.n_ctx = check_n_ctx(n_ctx)
+        #: load with an ``n_ctx`` past what the model was trained on
+        self.force_n_ctx = force_n_ctx
         self.n_threads = check_threads("n_threads", n_threads)
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
@@ -295,6 +314,7 @@ class Runtime:
                     prefill_chunk=self.prefill_chunk,
                     cache_entries=8 if self.prefix_cache else 0,
                     name=name,
+                    force_n_ctx=self.force_n_ctx,
                 )
             ]
 
