@@ -106,6 +106,14 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--stall-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument("--load-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument(
+        "--shutdown-grace",
+        type=duration,
+        default=5.0,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, seconds to wait for requests ended with shutdown to be "
+        "released and their connections closed (default 5; a second signal exits at once)",
+    )
+    p.add_argument(
         "--keep-alive",
         type=duration,
         default=300.0,
@@ -161,6 +169,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..runtime import Runtime
     from ..server import ServerSettings, create_app
+    from ..server._shutdown import GracefulServer
 
     if not is_loopback(args.host) and not args.api_key:
         fail(
@@ -239,7 +248,7 @@ def main(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False
     )
-    server = uvicorn.Server(config)
+    server = GracefulServer(config, app.state.tokenbelt, grace=args.shutdown_grace)
     try:
         sock = config.bind_socket()  # bound here so --port 0 can log the real port
     except SystemExit:
@@ -259,4 +268,5 @@ def main(args: argparse.Namespace) -> int:
         "ready: %s", startup_line(model, runtime, url)
     )
     server.run(sockets=[sock])
+    logger.info("shutdown: stopped")
     return 0

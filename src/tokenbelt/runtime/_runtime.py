@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -358,14 +359,35 @@ class Runtime:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Cancel every request with ``shutdown``, wait for every release, unload all."""
+    def drain(self, timeout: float | None = None) -> bool:
+        """Stop admitting, end every queued and running request with ``shutdown`` and
+        wait up to ``timeout`` seconds for all of them to be released.
+
+        Blocking. Returns False if some request was still held when ``timeout`` passed.
+        New requests (and loads) raise ``RuntimeClosed`` from now on; ``close()`` then
+        unloads the models.
+        """
         with self._lock:
             self._closed = True
             models = list(self._models.values())
+        for model in models:
+            model.drain()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for model in models:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not model.wait_idle(left):
+                return False
+        return True
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Cancel every request with ``shutdown``, wait for every release (at most
+        ``timeout`` seconds), then unload every model."""
+        self.drain(timeout)
+        with self._lock:
+            models = list(self._models.values())
             self._models.clear()
         for model in models:
-            model.close()
+            model.close(timeout)
         self._timer.close()
 
     def __enter__(self) -> Runtime:

@@ -122,12 +122,21 @@ def create_app(
             return JSONResponse({"tokenbelt": __version__, "docs": "/docs"})
         return FileResponse(page)
 
-    @app.get("/health", summary="Liveness and model readiness")
-    async def health() -> dict[str, Any]:
-        models = {name: m.state.value for name, m in runtime.models.items()}
-        loads = {a: s.to_dict() for a, s in state.loads.items()}
-        ready = bool(models) and all(v == "ready" for v in models.values())
-        return {"status": "ok" if ready else "loading", "models": models, "loads": loads}
+    @app.get("/health/live", summary="Liveness: 200 while the process serves HTTP")
+    async def live() -> dict[str, Any]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready", summary="Readiness: 200 when every model takes requests")
+    @app.get("/health", summary="Readiness (the same as /health/ready)")
+    async def health() -> JSONResponse:
+        status, reason = state.readiness()
+        body = {
+            "status": status,
+            "reason": reason,
+            "models": {name: m.state.value for name, m in runtime.models.items()},
+            "loads": {a: s.to_dict() for a, s in state.loads.items()},
+        }
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics() -> Response:
