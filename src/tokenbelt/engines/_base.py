@@ -52,6 +52,18 @@ SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
 MAX_STOP = 16
 
 
+def check_text(what: str, text: str) -> None:
+    """Refuse text that cannot be UTF-8 (a lone UTF-16 surrogate such as JSON ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise InvalidArgument(
+            f"{what} is not valid Unicode: a lone surrogate {ascii(bad)} at position "
+            f"{exc.start}"
+        ) from None
+
+
 def _in_range(name: str, value: float) -> None:
     low, high, low_included = SAMPLING_RANGES[name]
     if not ((low <= value if low_included else low < value) and value <= high):
@@ -95,6 +107,8 @@ class SamplingParams:
             raise InvalidArgument("stop must be a string or a list of non-empty strings")
         if len(stop) > MAX_STOP:
             raise InvalidArgument(f"stop holds at most {MAX_STOP} strings, got {len(stop)}")
+        for text in stop:
+            check_text("stop", text)
         object.__setattr__(self, "stop", tuple(stop))
 
 
@@ -125,6 +139,14 @@ class GenerationRequest:
                     raise InvalidArgument(f"each message needs a string content, got {m!r}")
                 if m.get("role") not in ("system", "user", "assistant"):
                     raise InvalidArgument(f"unknown message role {m.get('role')!r}")
+                check_text("message content", m["content"])
+        if self.prompt is not None:
+            if not isinstance(self.prompt, str):
+                raise InvalidArgument(f"prompt must be a string, got {self.prompt!r}")
+            if not self.prompt:
+                # No token to start from: llama.cpp cannot decode an empty batch.
+                raise InvalidArgument("prompt is empty: give at least one character of text")
+            check_text("prompt", self.prompt)
 
     @classmethod
     def chat(

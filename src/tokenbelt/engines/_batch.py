@@ -306,6 +306,9 @@ class BatchEngine:
         return prompt_tokens(self._model, self._formatter, request, self.name)
 
     def _check_fits(self, n: int) -> None:
+        if n == 0:
+            # An empty batch would reach llama_decode: refused, never decoded.
+            raise InvalidArgument("the prompt is empty: it has no tokens to start from")
         if n + 1 > self.context_length:
             raise PromptTooLong(
                 f"the prompt has {n} tokens but each sequence holds {self.context_length} "
