@@ -3,8 +3,8 @@
 Signals only reach the main thread, so this test starts the shutdown the way the
 signal handler does (``begin_shutdown`` on the event loop); the real SIGTERM and
 SIGINT are tested on a real ``tokenbelt serve`` process in ``tests/cli``. A step
-that cannot see the cancel (a ``gate``) holds the release, so each phase can be
-looked at while it lasts.
+that cannot see the cancel holds the release, so each phase can be looked at while
+it lasts.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import httpx
 import pytest
 import uvicorn
 
-from tokenbelt import EndReason, ScriptedEngine
+from tokenbelt import EndReason, GenerationRequest, ScriptedEngine
+from tokenbelt.belt import Producer
 from tokenbelt.server import create_app
 from tokenbelt.server._shutdown import GracefulServer
 
-from .conftest import CHAT, NET, Recorder, chat_body, scripted_runtime, words
+from .conftest import CHAT, NET, Recorder, chat_body, scripted_runtime
 
 
 class Harness:
@@ -60,23 +61,39 @@ class Harness:
         self.sock.close()
 
 
-@pytest.fixture
-def gate() -> Iterator[threading.Event]:
-    event = threading.Event()
-    event.set()
-    yield event
-    event.set()
+class HeldStep(ScriptedEngine):
+    """Sends one piece, then runs one step that cannot see a cancel until ``done`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(["first"])
+        self.inside = threading.Event()
+        self.done = threading.Event()
+
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
+        producer.count_prompt(self.count_prompt_tokens(request))
+        producer.put(" first")
+        self.inside.set()
+        self.done.wait(NET)
+        producer.checkpoint()
+        return EndReason.STOP
 
 
 @pytest.fixture
-def harness(gate: threading.Event) -> Iterator[Harness]:
-    h = Harness(ScriptedEngine(words(100_000), delay=0.001, gate=gate), grace=NET)
+def engine() -> Iterator[HeldStep]:
+    held = HeldStep()
+    yield held
+    held.done.set()
+
+
+@pytest.fixture
+def harness(engine: HeldStep) -> Iterator[Harness]:
+    h = Harness(engine, grace=NET)
     yield h
     h.close()
 
 
 def test_shutdown_refuses_new_requests_ends_running_ones_and_exits(
-    harness: Harness, gate: threading.Event
+    harness: Harness, engine: HeldStep
 ) -> None:
     answers: list[httpx.Response] = []
 
@@ -86,8 +103,7 @@ def test_shutdown_refuses_new_requests_ends_running_ones_and_exits(
     running = threading.Thread(target=ask)
     running.start()
     trace = harness.recorder.nth(0)
-    harness.recorder.wait(trace, "first_token")
-    gate.clear()  # the next step holds the slot until the gate opens again
+    assert engine.inside.wait(NET)  # in the step that holds the slot until ``done``
     harness.begin_shutdown()
     harness.recorder.wait(trace, "cancel_requested")
     assert trace.end_reason is EndReason.SHUTDOWN
@@ -102,7 +118,7 @@ def test_shutdown_refuses_new_requests_ends_running_ones_and_exits(
     assert ready.json()["status"] == "shutting_down"
     assert httpx.get(f"{harness.url}/health/live", timeout=NET).status_code == 200
 
-    gate.set()
+    engine.done.set()
     running.join(NET)
     harness.thread.join(NET)
     assert not harness.thread.is_alive(), "the server did not exit after the drain"
