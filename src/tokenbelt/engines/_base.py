@@ -59,8 +59,7 @@ def check_text(what: str, text: str) -> None:
     except UnicodeEncodeError as exc:
         bad = text[exc.start]
         raise InvalidArgument(
-            f"{what} is not valid Unicode: a lone surrogate {ascii(bad)} at position "
-            f"{exc.start}"
+            f"{what} is not valid Unicode: a lone surrogate {bad!a} at position {exc.start}"
         ) from None
 
 
@@ -68,7 +67,13 @@ def _in_range(name: str, value: float) -> None:
     low, high, low_included = SAMPLING_RANGES[name]
     if not ((low <= value if low_included else low < value) and value <= high):
         opening = "[" if low_included else "("
-        raise InvalidArgument(f"{name} must be in {opening}{low:g}, {high:g}], got {value!r}")
+        raise InvalidArgument(
+            f"{name} must be in {opening}{_plain(low)}, {_plain(high)}], got {value!r}"
+        )
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
 @dataclass(frozen=True)
