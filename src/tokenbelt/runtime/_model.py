@@ -350,6 +350,8 @@ class Model:
         while True:
             self.ensure_loaded(wait)
             with self._lock:
+                if self._draining:  # drained while this call was loading it
+                    raise RuntimeClosed(f"model {self.name} is shutting down")
                 sched = self._scheduler
                 if sched is None:
                     if self._state is ModelState.CLOSED:
