@@ -133,11 +133,18 @@ def test_stall_deadline_is_armed_by_start_and_moves_with_each_item() -> None:
     expect_end(belt, EndReason.STALL_TIMEOUT)
 
 
-def test_stall_deadline_fires_before_the_first_item() -> None:
+def test_stall_deadline_starts_at_the_first_item() -> None:
+    # The prefill before the first item is first_token's to bound, however long it is.
     clock = FakeClock()
     belt = belt_at(clock, Deadlines(stall=3.0))
     belt.start()
-    clock.now = 3.0
+    clock.now = 1000.0
+    belt.checkpoint()
+    assert belt.end_reason is None
+    belt.put("a")
+    clock.now = 1002.999
+    belt.checkpoint()
+    clock.now = 1003.0
     expect_end(belt, EndReason.STALL_TIMEOUT)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -130,6 +131,26 @@ def test_ctrl_c_with_the_model_in_a_worker_process_stops_the_reply_not_the_worke
         c.close()
         assert c.exitstatus == 0
     assert not psutil.pid_exists(pid)  # the chat ended, and its worker with it
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("where", ["mid-reply", "at-the-prompt"])
+def test_sigterm_ends_the_reply_with_shutdown_and_exits_0(where: str) -> None:
+    with chat(str(default_model_path()), "--max-tokens", "4000") as child:
+        child.expect_exact(PROMPT)
+        if where == "mid-reply":
+            child.sendline(LONG)
+            child.expect_exact("lighthouse keeper.")
+            child.expect(r"(\w+[^\w\n]+){8}")  # the reply is streaming
+        child.kill(signal.SIGTERM)
+        if where == "mid-reply":
+            child.expect_exact("terminated (SIGTERM): the reply ended with shutdown")
+        else:
+            child.expect_exact("terminated (SIGTERM)")
+        child.expect(pexpect.EOF)
+        assert "Traceback" not in (child.before or "")
+        child.close()
+        assert child.exitstatus == 0
 
 
 @pytest.mark.model

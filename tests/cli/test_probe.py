@@ -115,3 +115,51 @@ def test_probe_report_names_the_failed_step_without_json(
     out, err = capsys.readouterr()
     assert "failed at resolve" in out
     assert "probe failed at step 'resolve'" in err
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["table", "json"])
+def test_a_load_timeout_is_printed_not_swallowed(tmp_path: Path, json_flag: list[str]) -> None:
+    # The load is abandoned at its deadline and goes on in the background; loading used
+    # to point the process's stdout and stderr at /dev/null meanwhile, so the report and
+    # the error line were lost and the probe exited 1 in silence.
+    env = dict(os.environ, TOKENBELT_HOME=str(tmp_path / "tbhome"), COLUMNS="100")
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenbelt", "probe", "--load-timeout", "0.001", *json_flag],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("tokenbelt: error: probe failed at step 'load': loading ")
+    assert "took longer than 0.001 s" in line
+    assert "raise --load-timeout" in line
+    if json_flag:
+        report = json.loads(done.stdout)
+        assert report["failed_step"] == "load"
+        assert report["ok"] is False
+    else:
+        assert "failed at load" in done.stdout
+
+
+def test_an_unexpected_failure_is_printed_as_the_failed_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenbelt.models import _probe
+
+    def unreadable() -> None:
+        raise PermissionError("/sys/devices: permission denied")
+
+    monkeypatch.setenv("TOKENBELT_HOME", str(tmp_path / "tbhome"))
+    monkeypatch.setattr(_probe, "detect_device", unreadable)
+    assert main(["probe", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["failed_step"] == "resolve"
+    assert err.startswith(
+        "tokenbelt: error: probe failed at step 'resolve': "
+        "PermissionError: /sys/devices: permission denied"
+    )
+    assert len(err.strip().splitlines()) == 1

@@ -210,3 +210,32 @@ def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None
             # Not a timing target: a server that decoded the 1,500 tokens first would take
             # far longer; this is the next request starting once the stop has landed.
             assert time.monotonic() - started < 10.0
+
+
+def test_sigterm_to_a_front_ends_its_streams_and_closes_the_upstream_connection(
+    tmp_path: Path,
+) -> None:
+    up = scripted_upstream(tmp_path, tokens=100_000)
+    fr = front_process(tmp_path, up.url, extra=["--shutdown-grace", "20"])
+    with running(up, fr):
+        with RawClient(fr.url) as client:
+            client.send(CHAT, chat_body(stream=True, max_tokens=100_000))
+            client.read_head()
+            request_id = client.headers["x-request-id"]
+            client.read_until(b" w3")
+            assert fr.process is not None
+            fr.process.terminate()  # SIGTERM
+            assert fr.process.wait(NET) == 0, fr.log.read_text()
+            events = [e for e in collect(client.read_to_close().decode().splitlines())]
+        assert events[-1] == "[DONE]"
+        assert events[-2]["tokenbelt"]["end_reason"] == "shutdown"
+        # The front closed its upstream connection: the upstream saw its client leave.
+        deadline = time.monotonic() + NET
+        while True:
+            trace = httpx.get(f"{up.url}/v1/requests/{request_id}", timeout=NET).json()
+            if trace.get("timeline_ms", {}).get("released") is not None:
+                break
+            assert time.monotonic() < deadline, trace
+            time.sleep(0.02)
+        assert trace["end_reason"] == "client_disconnect"
+        assert "Traceback" not in fr.log.read_text()

@@ -33,6 +33,7 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
 
         assert client.get("/health").json() == {
             "status": "ok",
+            "reason": None,
             "models": {"scripted": "ready"},
             "loads": {},
         }

@@ -102,8 +102,9 @@ class Belt(Generic[T]):
         self._produced = 0
         self._consumed = 0
         self._peak = 0
-        # The stall clock: when the producer last had something it could do (it started,
-        # put an item, or got room on a full belt). It stops while the belt is full, so a
+        # The stall clock: when the producer last had something it could do (it put an
+        # item, or got room on a full belt). It starts at the first item (before it, the
+        # prefill is ``first_token``'s to bound) and stops while the belt is full, so a
         # slow reader pauses the producer without being taken for a stalled engine.
         self._stall_from: float | None = None
         self._schedule_deadline()
@@ -420,6 +421,7 @@ class Belt(Generic[T]):
             now = self._clock()
             self._items.append(item)
             self._produced += 1
+            first = self._stall_from is None
             self._stall_from = now
             buffered = len(self._items)
             if buffered > self._peak:
@@ -427,6 +429,8 @@ class Belt(Generic[T]):
                 self.trace.buffer_peak = buffered
             self._notify_locked()
         self.trace.mark_token(now)
+        if first and self._deadlines.stall is not None:
+            self._schedule_deadline()  # the stall clock starts with the first token
 
     def put(self, item: T) -> None:
         """Wait for room, then add ``item``; raises ``Cancelled`` once cancelled."""
@@ -459,14 +463,8 @@ class Belt(Generic[T]):
         return self._end(EndReason.RUNTIME_ERROR, error)
 
     def start(self) -> None:
-        """The producer starts: marks admission and arms the stall deadline."""
-        with self._lock:
-            armed = self._stall_from is None
-            if armed:
-                self._stall_from = self._clock()
+        """The producer starts: marks admission (the stall clock waits for the first token)."""
         self.trace.mark_admitted()
-        if armed and self._deadlines.stall is not None:
-            self._schedule_deadline()
 
     def release(self) -> None:
         """The engine has let go of the request (producer exited, slot free)."""

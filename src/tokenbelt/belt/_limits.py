@@ -40,7 +40,8 @@ class Limits:
 
     - ``first_token``: from enqueue to the first token (queue wait counts);
     - ``total``: from enqueue to the last token;
-    - ``stall``: the longest allowed gap between two tokens once generation started
+    - ``stall``: the longest allowed gap between two tokens, counted from the first
+      token (the prefill is ``first_token``'s to bound)
       (time the producer spends waiting on a full belt does not count);
     - ``load``: how long loading the model may take.
     """
@@ -67,9 +68,9 @@ class Limits:
 class Deadlines:
     """Absolute monotonic deadlines for one belt; ``stall`` stays a duration.
 
-    The stall deadline moves: it is ``stall`` seconds after the latest token, or
-    after the producer started when no token came yet. It is not armed while the
-    belt is full, and restarts when a read makes room: a slow reader pauses the
+    The stall deadline moves: it is ``stall`` seconds after the latest token, and
+    not armed before the first one (``first_token`` bounds the prefill). It is not
+    armed while the belt is full, and restarts when a read makes room: a slow reader pauses the
     producer, it does not stall it.
     """
 

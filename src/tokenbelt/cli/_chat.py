@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -37,8 +37,7 @@ from ._common import (
     add_isolation_options,
     fail,
     missing_model_file,
-    non_negative_int,
-    positive_int,
+    sampling_value,
     startup_line,
     thread_count,
 )
@@ -185,9 +184,13 @@ class LocalBackend:
         self.session = session
         self.console = console
         self.sampling = sampling
+        #: the latest turn's stream
+        self.last: Stream | None = None
 
     def start(self, text: str) -> LocalTurn:
-        return LocalTurn(self.session.stream(text))
+        stream = self.session.stream(text)
+        self.last = stream
+        return LocalTurn(stream)
 
     def clear(self) -> None:
         self.session.messages[:] = [m for m in self.session.messages if m["role"] == "system"]
@@ -619,16 +622,6 @@ def chat_loop(backend: Backend, console: Console, max_tokens: int) -> int:
 # -- the command --------------------------------------------------------------------------------
 
 
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 2:
-        raise argparse.ArgumentTypeError(f"temperature must be in 0..2, got {text}")
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "chat",
@@ -656,14 +649,18 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--system", help="system prompt (default: none)")
     p.add_argument(
         "--max-tokens",
-        type=positive_int,
+        type=sampling_value("max_tokens", int),
         default=DEFAULT_MAX_TOKENS,
         help="longest reply, in tokens",
     )
     p.add_argument(
-        "--temperature", type=_temperature, help="sampling temperature, 0..2 (default: model's)"
+        "--temperature",
+        type=sampling_value("temperature", float),
+        help="sampling temperature, 0..2 (default: model's)",
     )
-    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default: random)")
+    p.add_argument(
+        "--seed", type=sampling_value("seed", int), help="sampling seed (default: random)"
+    )
     p.add_argument(
         "--threads", type=thread_count, help="llama.cpp decode threads (default: adaptive)"
     )
@@ -711,7 +708,43 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     _note(console, "/help lists the commands; Ctrl-C stops a reply; /exit or Ctrl-D leaves.")
+    previous = signal.signal(signal.SIGTERM, _on_terminate(backend))
     try:
         return chat_loop(backend, console, args.max_tokens)
+    except Terminated:
+        console.out("")
+        last = backend.last if isinstance(backend, LocalBackend) else None
+        if last is not None and last.wait_released(RELEASE_WAIT_S) and last.end_reason:
+            _note(console, f"terminated (SIGTERM): the reply ended with {last.end_reason.value}")
+        else:
+            _note(console, "terminated (SIGTERM)")
+        return 0
     finally:
         backend.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """Raised on the main thread by SIGTERM, wherever the chat was (a BaseException, as
+    ``KeyboardInterrupt``: no ``except Exception`` on the way may swallow it)."""
+
+
+def _on_terminate(backend: Backend) -> Callable[[int, FrameType | None], None]:
+    """SIGTERM: end the running turn with ``shutdown`` and leave; a second one exits now."""
+    terminating = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal terminating
+        if terminating:
+            os._exit(128 + signum)
+        terminating = True
+        if isinstance(backend, LocalBackend):
+            # Ends every request with shutdown before the exception unwinds the reader,
+            # whose own stop (user_cancel) then comes second and is ignored. On its own
+            # thread: this handler may have interrupted code that holds a lock it needs.
+            drain = threading.Thread(target=backend.runtime.drain, args=(0,), daemon=True)
+            drain.start()
+            drain.join(1.0)
+        raise Terminated
+
+    return handler

@@ -88,6 +88,13 @@ def positive_int(text: str) -> int:
     return _convert(text, lambda t: check_capacity(int(t), name="value"))
 
 
+def n_ctx(text: str) -> int:
+    """A context size per sequence: the SDK's own bounds (``Runtime(n_ctx=...)``)."""
+    from ..runtime._runtime import check_n_ctx
+
+    return _convert(text, lambda t: check_n_ctx(int(t)))
+
+
 def non_negative_int(text: str) -> int:
     return _convert(text, lambda t: _non_negative(int(t)))
 
@@ -100,6 +107,24 @@ def duration(text: str) -> float:
 def positive_duration(text: str) -> float:
     """A finite number > 0."""
     return _convert(text, lambda t: check_duration("value", float(t), allow_zero=False) or 0.0)
+
+
+def sampling_value(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type for the sampling parameter ``name``: the SDK's own check, so
+    the command line accepts exactly what the SDK and the HTTP API accept."""
+    from ..engines import SamplingParams
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        given: dict[str, Any] = {name: value}
+        SamplingParams(**given)
+        return value
+
+    def convert(text: str) -> Any:
+        return _convert(text, parse)
+
+    convert.__name__ = name  # argparse names the type in its "invalid ..." message
+    return convert
 
 
 def fail(message: str, status: int = 1) -> NoReturn:

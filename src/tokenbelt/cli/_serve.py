@@ -18,6 +18,7 @@ from ._common import (
     duration,
     fail,
     missing_model_file,
+    n_ctx,
     non_negative_int,
     positive_duration,
     positive_int,
@@ -106,6 +107,14 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--stall-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument("--load-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument(
+        "--shutdown-grace",
+        type=duration,
+        default=5.0,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, seconds to wait for requests ended with shutdown to be "
+        "released and their connections closed (default 5; a second signal exits at once)",
+    )
+    p.add_argument(
         "--keep-alive",
         type=duration,
         default=300.0,
@@ -114,9 +123,15 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     )
     p.add_argument(
         "--n-ctx",
-        type=positive_int,
+        type=n_ctx,
         default=4096,
-        help="tokens each request may hold (default 4096)",
+        help="tokens each request may hold (default 4096; at least 64, at most what the "
+        "model was trained on unless --force-n-ctx)",
+    )
+    p.add_argument(
+        "--force-n-ctx",
+        action="store_true",
+        help="allow an --n-ctx past the model's trained context (replies degrade there)",
     )
     add_thread_options(p)
     add_isolation_options(p)
@@ -156,6 +171,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..runtime import Runtime
     from ..server import ServerSettings, create_app
+    from ..server._shutdown import GracefulServer
 
     if not is_loopback(args.host) and not args.api_key:
         fail(
@@ -179,7 +195,14 @@ def main(args: argparse.Namespace) -> int:
 
         home = Home.from_env()
         if find_remote(alias, home) is None:
-            choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
+            choice = choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
+            trained = choice.entry.context_length
+            if trained and args.n_ctx > trained and not args.force_n_ctx:
+                fail(
+                    f"--n-ctx {args.n_ctx} is more than {alias} was trained on ({trained} "
+                    "tokens): give a smaller --n-ctx, or add --force-n-ctx",
+                    2,
+                )
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -208,6 +231,7 @@ def main(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         keep_alive=args.keep_alive or None,
         n_ctx=args.n_ctx,
+        force_n_ctx=args.force_n_ctx,
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
         prefill_chunk=args.prefill_chunk,
@@ -228,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False
     )
-    server = uvicorn.Server(config)
+    server = GracefulServer(config, app.state.tokenbelt, grace=args.shutdown_grace)
     try:
         sock = config.bind_socket()  # bound here so --port 0 can log the real port
     except SystemExit:
@@ -248,4 +272,5 @@ def main(args: argparse.Namespace) -> int:
         "ready: %s", startup_line(model, runtime, url)
     )
     server.run(sockets=[sock])
+    logger.info("shutdown: stopped")
     return 0

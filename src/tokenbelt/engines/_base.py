@@ -81,6 +81,45 @@ def _number(name: str, value: object, param: str | None = None) -> float:
     return float(value)
 
 
+#: The one set of sampling ranges: the SDK, the CLI and the HTTP API all accept exactly
+#: these (name -> (lowest, highest, whether the lowest itself is allowed)).
+SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
+    "max_tokens": (1, 1_000_000, True),
+    "temperature": (0.0, 2.0, True),
+    "top_p": (0.0, 1.0, False),
+    "top_k": (0, 100_000, True),
+    "min_p": (0.0, 1.0, True),
+    "repeat_penalty": (0.0, 10.0, False),
+    "seed": (0, 2**32 - 1, True),
+}
+#: the most stop sequences one request may give
+MAX_STOP = 16
+
+
+def check_text(what: str, text: str) -> None:
+    """Refuse text that cannot be UTF-8 (a lone UTF-16 surrogate such as JSON ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise InvalidArgument(
+            f"{what} is not valid Unicode: a lone surrogate {bad!a} at position {exc.start}"
+        ) from None
+
+
+def _in_range(name: str, value: float) -> None:
+    low, high, low_included = SAMPLING_RANGES[name]
+    if not ((low <= value if low_included else low < value) and value <= high):
+        opening = "[" if low_included else "("
+        raise InvalidArgument(
+            f"{name} must be in {opening}{_plain(low)}, {_plain(high)}], got {value!r}"
+        )
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings, named as in the OpenAI API where one exists.
@@ -109,29 +148,26 @@ class SamplingParams:
     top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidArgument(f"max_tokens must be an integer, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0.0 <= _number("temperature", self.temperature) <= 100.0:
-            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < _number("top_p", self.top_p) <= 1.0:
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidArgument(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if not 0.0 <= _number("min_p", self.min_p) <= 1.0:
-            raise InvalidArgument(f"min_p must be in [0, 1], got {self.min_p}")
-        if _number("repeat_penalty", self.repeat_penalty) <= 0:
-            raise InvalidArgument(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
-        ):
-            raise InvalidArgument(f"seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("max_tokens", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+            _in_range(name, value)
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            _in_range(name, _number(name, getattr(self, name)))
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
+            _in_range("seed", self.seed)
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
         if not all(isinstance(s, str) and s for s in stop):
             raise InvalidArgument("stop must be a string or a list of non-empty strings")
+        if len(stop) > MAX_STOP:
+            raise InvalidArgument(f"stop holds at most {MAX_STOP} strings, got {len(stop)}")
+        for text in stop:
+            check_text("stop", text)
         object.__setattr__(self, "stop", tuple(stop))
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
@@ -212,12 +248,25 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise InvalidArgument("give either messages or a prompt")
+        if isinstance(self.messages, str):
+            raise InvalidArgument(
+                "messages is a list of {'role': ..., 'content': ...} dicts, not a string; "
+                "pass [{'role': 'user', 'content': text}] (or prompt=text for a raw prompt)"
+            )
         if self.messages is not None:
             for m in self.messages:
                 if not isinstance(m, dict) or not isinstance(m.get("content"), str):
                     raise InvalidArgument(f"each message needs a string content, got {m!r}")
                 if m.get("role") not in ROLES:
                     raise InvalidArgument(f"unknown message role {m.get('role')!r}")
+                check_text("message content", m["content"])
+        if self.prompt is not None:
+            if not isinstance(self.prompt, str):
+                raise InvalidArgument(f"prompt must be a string, got {self.prompt!r}")
+            if not self.prompt:
+                # No token to start from: llama.cpp cannot decode an empty batch.
+                raise InvalidArgument("prompt is empty: give at least one character of text")
+            check_text("prompt", self.prompt)
 
     @classmethod
     def chat(

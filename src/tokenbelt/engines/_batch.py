@@ -191,6 +191,7 @@ class BatchEngine:
         cache_entries: int = 8,
         cache_tokens: int = 4096,
         name: str | None = None,
+        force_n_ctx: bool = False,
     ) -> None:
         import llama_cpp
         from llama_cpp import _internals
@@ -219,9 +220,21 @@ class BatchEngine:
         try:
             mparams = llama_cpp.llama_model_default_params()
             mparams.n_gpu_layers = n_gpu_layers
+            # verbose=True: not more output (llama.cpp's log lines are routed to logging
+            # above), but no swapping of the process's stdout and stderr for /dev/null
+            # while loading, which swallowed every other thread's output meanwhile (a
+            # load abandoned at its deadline kept them swapped while the CLI printed why).
             self._model: Any = _internals.LlamaModel(
-                path_model=str(path), params=mparams, verbose=False
+                path_model=str(path), params=mparams, verbose=True
             )
+            trained = int(llama_cpp.llama_model_n_ctx_train(self._model.model))
+            if n_ctx > trained and not force_n_ctx:
+                self._model.close()  # type: ignore[no-untyped-call]
+                raise InvalidArgument(
+                    f"n_ctx {n_ctx} is more than {path.name} was trained on ({trained} "
+                    "tokens): past it the model's replies degrade; give n_ctx <= "
+                    f"{trained}, or force it (--force-n-ctx, force_n_ctx=True)"
+                )
             cparams = llama_cpp.llama_context_default_params()
             cparams.n_ctx = self.slots * n_ctx + self.cache_tokens
             cparams.n_batch = self.n_batch
@@ -235,8 +248,10 @@ class BatchEngine:
             cparams.n_threads = self.n_threads
             cparams.n_threads_batch = self.n_threads_batch
             self._ctx: Any = _internals.LlamaContext(
-                model=self._model, params=cparams, verbose=False
+                model=self._model, params=cparams, verbose=True
             )
+        except InvalidArgument:
+            raise
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {path}: {exc}") from exc
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model.model))
@@ -306,6 +321,9 @@ class BatchEngine:
                 )
 
     def _check_fits(self, n: int) -> None:
+        if n == 0:
+            # An empty batch would reach llama_decode: refused, never decoded.
+            raise InvalidArgument("the prompt is empty: it has no tokens to start from")
         if n + 1 > self.context_length:
             raise PromptTooLong(
                 f"the prompt has {n} tokens but each sequence holds {self.context_length} "

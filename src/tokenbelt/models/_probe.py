@@ -224,6 +224,8 @@ def _timed(report: ProbeReport, step: str, hint: str, work: Callable[[], Any]) -
         raise
     except TokenbeltError as exc:
         raise _StepFailed(step, exc, hint) from exc
+    except Exception as exc:  # a native or unexpected failure is reported like any other
+        raise _StepFailed(step, f"{type(exc).__name__}: {exc}", hint) from exc
     finally:
         report.steps_ms[step] = round((time.monotonic() - start) * 1000, 1)
 
@@ -270,6 +272,9 @@ def run_probe(
             path = cache.fetch(choice.variant, progress=progress, cancel=cancel, timeouts=timeouts)
         except TokenbeltError as exc:
             raise _StepFailed("resolve", exc, _resolve_hint(exc)) from exc
+        except Exception as exc:  # an unreadable cache or device: reported, not raised
+            error = f"{type(exc).__name__}: {exc}"
+            raise _StepFailed("resolve", error, _resolve_hint(exc)) from exc
         report.alias, report.variant = choice.entry.alias, choice.variant.id
         report.device, report.device_reason = choice.device, choice.reason
         report.model_path, report.context_length = str(path), choice.entry.context_length

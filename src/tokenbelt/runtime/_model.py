@@ -69,6 +69,12 @@ def sampling_from(params: dict[str, Any], defaults: SamplingParams | None = None
     return SamplingParams(**merged)
 
 
+def _load_wait(limits: Limits) -> float | None:
+    """How long a request may wait for someone else's reload: its own deadlines."""
+    given = [t for t in (limits.first_token, limits.total) if t is not None]
+    return min(given) if given else None
+
+
 class Model:
     """One model with ``slots`` engines and a bounded admission queue.
 
@@ -106,11 +112,15 @@ class Model:
         # server's metrics, for one) also reaches models registered before it.
         self._observers = observers if isinstance(observers, list) else list(observers)
         self._lock = threading.RLock()
+        #: notified when a load ends (callers waiting for a reload wake on it)
+        self._changed = threading.Condition(self._lock)
         self._state = ModelState.LOADING
         self._scheduler: Scheduler | None = None
         self._idle_timer: threading.Timer | None = None
         #: submits between their load check and the scheduler: the idle unload waits
         self._submitting = 0
+        #: set by ``drain()``: new requests are refused (the model is shutting down)
+        self._draining = False
         self._context_length = 0
         self.loaded_at: float | None = None
         self._load()
@@ -140,6 +150,7 @@ class Model:
             # Remembered for while the model is unloaded for being idle.
             self._context_length = engines[0].context_length if engines else 0
             self._state = ModelState.READY
+            self._changed.notify_all()
         self.loaded_at = time.monotonic()
         self.info["load_s"] = round(self.loaded_at - started, 3)
         logger.info("loaded %s in %.2f s", self.name, self.loaded_at - started)
@@ -224,15 +235,25 @@ class Model:
         for engine in sched.engines:
             engine.close()
 
-    def ensure_loaded(self) -> None:
-        """Reload the model if it was unloaded for being idle (blocking)."""
+    def ensure_loaded(self, wait: float | None = None) -> None:
+        """Reload the model if it was unloaded for being idle (blocking).
+
+        While another caller reloads it, waits for that load (at most ``wait``
+        seconds; ``None``: as long as the load takes), so a burst of requests after
+        an idle unload is served, not refused: ``ModelLoading`` only once ``wait`` passed.
+        """
+        deadline = None if wait is None else time.monotonic() + wait
         with self._lock:
+            while self._state is ModelState.LOADING and not self._draining:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not self._changed.wait(left):
+                    raise ModelLoading(f"model {self.name} is still loading")
+            if self._draining:
+                raise RuntimeClosed(f"model {self.name} is shutting down")
             if self._state is ModelState.READY:
                 return
             if self._state is ModelState.CLOSED:
                 raise RuntimeClosed(f"model {self.name} is closed")
-            if self._state is ModelState.LOADING:
-                raise ModelLoading(f"model {self.name} is loading")
             self._set_state(ModelState.LOADING)
         try:
             self._load()
@@ -241,7 +262,26 @@ class Model:
                 state: ModelState = self._state
                 if state is not ModelState.CLOSED:
                     self._state = ModelState.IDLE_UNLOADED
+                self._changed.notify_all()
             raise
+
+    def drain(self) -> None:
+        """Refuse new requests (``RuntimeClosed``) and end every queued and running one
+        with ``shutdown``; never blocks (``wait_idle`` waits for their release)."""
+        with self._lock:
+            self._draining = True
+            self._changed.notify_all()
+            sched = self._scheduler
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+        if sched is not None:
+            sched.drain()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request runs or waits; False if ``timeout`` passed first."""
+        sched = self._scheduler
+        return sched is None or sched.wait_idle(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Cancel everything with ``shutdown``, wait for every release, then unload."""
@@ -249,6 +289,7 @@ class Model:
             if self._state is ModelState.CLOSED:
                 return
             self._state = ModelState.CLOSED
+            self._changed.notify_all()
             sched, self._scheduler = self._scheduler, None
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
@@ -274,14 +315,16 @@ class Model:
     ) -> Stream:
         """Queue ``request`` and return its ``Stream`` at once.
 
-        Raises ``PromptTooLong`` (before queueing), ``QueueFull`` when the
+        Blocks only while the model is reloaded after an idle unload (by this call or
+        another's; waiting at most the request's first-token or total limit, then
+        ``ModelLoading``). Raises ``PromptTooLong`` (before queueing), ``QueueFull`` when the
         admission queue is full (the trace ends ``rejected``), ``RuntimeClosed``.
         Deadlines in ``limits`` count from now (enqueue).
         """
-        sched = self._hold_loaded()
+        lim = limits or self.limits
+        sched = self._hold_loaded(_load_wait(lim))
         try:
             prompt_tokens = sched.engines[0].count_prompt_tokens(request)
-            lim = limits or self.limits
             trace = Trace(
                 request_id or new_request_id(), model=self.name, observers=self._observers
             )
@@ -299,7 +342,7 @@ class Model:
                 self._submitting -= 1
         return stream
 
-    def _hold_loaded(self) -> Scheduler:
+    def _hold_loaded(self, wait: float | None = None) -> Scheduler:
         """Load the model if needed and keep it loaded until the caller's ``submit`` is done.
 
         The idle unload (a keep-alive timer, ``keep_alive=0``) may run between a load and
@@ -307,8 +350,10 @@ class Model:
         again rather than answered "closed".
         """
         while True:
-            self.ensure_loaded()
+            self.ensure_loaded(wait)
             with self._lock:
+                if self._draining:  # drained while this call was loading it
+                    raise RuntimeClosed(f"model {self.name} is shutting down")
                 sched = self._scheduler
                 if sched is None:
                     if self._state is ModelState.CLOSED:
@@ -322,7 +367,7 @@ class Model:
 
     def stream(
         self,
-        messages: Sequence[Message] | None = None,
+        messages: Sequence[Message] | str | None = None,
         *,
         prompt: str | None = None,
         limits: Limits | None = None,
@@ -334,11 +379,14 @@ class Model:
     ) -> Stream:
         """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session.
 
-        ``schema`` (a pydantic model class or a JSON schema dict) constrains the reply
-        to that schema; ``tools`` (OpenAI-shaped functions) and ``tool_choice`` let it
-        call one (``messages`` may then hold ``tool_calls`` and ``tool`` turns). The
-        reply's ``parsed`` and ``tool_calls`` hold the result.
+        ``messages`` may be one string: a single user message. ``schema`` (a pydantic
+        model class or a JSON schema dict) constrains the reply to that schema; ``tools``
+        (OpenAI-shaped functions) and ``tool_choice`` let it call one (``messages`` may
+        then hold ``tool_calls`` and ``tool`` turns). The reply's ``parsed`` and
+        ``tool_calls`` hold the result.
         """
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
         shape = structure(schema, tools, tool_choice)
         if shape is not None and shape.tools and messages is not None:
             messages = render_messages(messages, shape.tools, shape.choice)
@@ -350,7 +398,7 @@ class Model:
         )
         return self.submit(request, limits=limits, capacity=capacity, structure=shape)
 
-    def complete(self, messages: Sequence[Message] | None = None, **kwargs: Any) -> Reply:
+    def complete(self, messages: Sequence[Message] | str | None = None, **kwargs: Any) -> Reply:
         """Blocking ``stream(...).read()``."""
         return self.stream(messages, **kwargs).read()
 

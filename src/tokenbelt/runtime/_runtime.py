@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,20 @@ logger = logging.getLogger("tokenbelt.runtime")
 #: where a loaded model runs: in this process, or in a worker process of its own
 ISOLATIONS = ("thread", "process")
 
+#: the smallest context a sequence may have: a chat template, a short turn and a reply
+MIN_N_CTX = 64
+
+
+def check_n_ctx(value: int) -> int:
+    """Reject an ``n_ctx`` too small to hold a prompt (the SDK's and the CLI's check)."""
+    check_capacity(value, name="n_ctx")
+    if value < MIN_N_CTX:
+        raise InvalidArgument(
+            f"n_ctx must be at least {MIN_N_CTX} tokens (a chat template and a short turn), "
+            f"got {value}"
+        )
+    return value
+
 
 class Runtime:
     """Catalog, cache and loaded models; a context manager (sync and async).
@@ -45,7 +60,9 @@ class Runtime:
     llama.cpp's decode and prompt thread counts (``None``: every core this process
     may use, for both). ``prefill_chunk`` is the most prompt tokens one batched step
     takes while other sequences decode (smaller: smoother running streams, slower
-    first token for a long new prompt). ``prefix_cache=False`` computes every prompt in
+    first token for a long new prompt). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
+    a chat template and a short turn) and at most what the model was trained on, unless
+    ``force_n_ctx``. ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
     start, so a prompt's arithmetic depends only on its batch, not on what ran before.
     ``isolation`` says where a loaded model runs: ``"thread"`` (in this process, the
@@ -71,6 +88,7 @@ class Runtime:
         prefix_cache: bool = True,
         isolation: str = "thread",
         stop_grace: float = DEFAULT_STOP_GRACE,
+        force_n_ctx: bool = False,
         observers: Sequence[Observer] = (),
     ) -> None:
         if isolation not in ISOLATIONS:
@@ -82,7 +100,9 @@ class Runtime:
         self.capacity = check_capacity(capacity)
         self.limits = limits or Limits()
         self.keep_alive = keep_alive
-        self.n_ctx = check_capacity(n_ctx, name="n_ctx")
+        self.n_ctx = check_n_ctx(n_ctx)
+        #: load with an ``n_ctx`` past what the model was trained on
+        self.force_n_ctx = force_n_ctx
         self.n_threads = check_threads("n_threads", n_threads)
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
@@ -312,6 +332,7 @@ class Runtime:
             "prefill_chunk": self.prefill_chunk,
             "cache_entries": 8 if self.prefix_cache else 0,
             "name": name,
+            "force_n_ctx": self.force_n_ctx,
         }
 
         def factory() -> list[Engine]:
@@ -366,14 +387,35 @@ class Runtime:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Cancel every request with ``shutdown``, wait for every release, unload all."""
+    def drain(self, timeout: float | None = None) -> bool:
+        """Stop admitting, end every queued and running request with ``shutdown`` and
+        wait up to ``timeout`` seconds for all of them to be released.
+
+        Blocking. Returns False if some request was still held when ``timeout`` passed.
+        New requests (and loads) raise ``RuntimeClosed`` from now on; ``close()`` then
+        unloads the models.
+        """
         with self._lock:
             self._closed = True
             models = list(self._models.values())
+        for model in models:
+            model.drain()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for model in models:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not model.wait_idle(left):
+                return False
+        return True
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Cancel every request with ``shutdown``, wait for every release (at most
+        ``timeout`` seconds), then unload every model."""
+        self.drain(timeout)
+        with self._lock:
+            models = list(self._models.values())
             self._models.clear()
         for model in models:
-            model.close()
+            model.close(timeout)
         self._timer.close()
 
     def __enter__(self) -> Runtime:

@@ -178,11 +178,18 @@ class Scheduler:
         with self._lock:
             return self._idle.wait_for(lambda: not self._running and not self._queue, timeout)
 
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Refuse new requests, cancel the rest with ``shutdown``, wait for every release."""
+    def drain(self) -> None:
+        """Refuse new requests and cancel every queued and running one with ``shutdown``.
+
+        Never blocks: ``wait_idle`` waits for their release.
+        """
         with self._lock:
             self._closed = True
         self.cancel_all(EndReason.SHUTDOWN)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Refuse new requests, cancel the rest with ``shutdown``, wait for every release."""
+        self.drain()
         if not self.wait_idle(timeout):
             logger.warning("requests still running %s s after shutdown", timeout)
         with self._lock:

@@ -12,6 +12,9 @@ from ..belt import Belt, BeltStatistics, EndReason, Trace
 from ..engines import Piece, TokenLogprob
 from ._structured import Structure, ToolCall
 
+#: how long ``read()`` waits, after the last piece, for the engine to let go of the request
+RELEASE_WAIT_S = 5.0
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -170,12 +173,15 @@ class Stream:
     def read(self) -> Reply:
         """Read to the end (blocking) and return the ``Reply``.
 
-        A ``KeyboardInterrupt`` (or any exception) while waiting cancels the
-        request with ``user_cancel`` before it propagates.
+        Then waits (at most ``RELEASE_WAIT_S``) for the engine to let go, so that the
+        reply's trace holds ``released`` and ``end_to_end_ms``. A ``KeyboardInterrupt``
+        (or any exception) while waiting cancels the request with ``user_cancel``
+        before it propagates.
         """
         try:
             for _ in self:
                 pass
+            self._belt.wait_released(RELEASE_WAIT_S)
         except BaseException:
             self.cancel()
             raise
@@ -186,6 +192,7 @@ class Stream:
         try:
             async for _ in self:
                 pass
+            await self._belt.await_released(RELEASE_WAIT_S)
         except BaseException:
             self.cancel()
             raise

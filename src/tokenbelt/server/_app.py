@@ -129,20 +129,24 @@ def create_app(
             return JSONResponse({"tokenbelt": __version__, "docs": "/docs"})
         return FileResponse(page)
 
-    @app.get("/health", summary="Liveness and model readiness")
-    async def health() -> dict[str, Any]:
-        models = {name: m.state.value for name, m in runtime.models.items()}
-        loads = {a: s.to_dict() for a, s in state.loads.items()}
-        ready = bool(models) and all(v == "ready" for v in models.values())
+    @app.get("/health/live", summary="Liveness: 200 while the process serves HTTP")
+    async def live() -> dict[str, Any]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready", summary="Readiness: 200 when every model takes requests")
+    @app.get("/health", summary="Readiness (the same as /health/ready)")
+    async def health() -> JSONResponse:
+        status, reason = state.readiness()
         body: dict[str, Any] = {
-            "status": "ok" if ready else "loading",
-            "models": models,
-            "loads": loads,
+            "status": status,
+            "reason": reason,
+            "models": {name: m.state.value for name, m in runtime.models.items()},
+            "loads": {a: s.to_dict() for a, s in state.loads.items()},
         }
         workers = {name: dataclasses.asdict(w) for name, w in state.workers().items()}
         if workers:  # models in worker processes: pid, memory, restarts, last crash
             body["workers"] = workers
-        return body
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics() -> Response:

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 
 from .._errors import (
     InvalidArgument,
+    ModelLoadError,
     ModelLoading,
     PromptTooLong,
     QueueFull,
@@ -101,8 +102,12 @@ def response_for(
         return answer(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
     if isinstance(exc, ModelLoading):
         return answer(503, str(exc), "service_unavailable", "model_loading", headers=retry)
+    if isinstance(exc, ModelLoadError):
+        return answer(503, str(exc), "service_unavailable", "model_load_failed", param="model")
     if isinstance(exc, RuntimeClosed):
-        return answer(503, str(exc), "service_unavailable", "shutting_down", headers=NO_RETRY)
+        return answer(
+            503, str(exc), "service_unavailable", "shutting_down", headers={**retry, **NO_RETRY}
+        )
     if isinstance(exc, UnknownModel):
         return answer(404, str(exc), "invalid_request_error", "model_not_found", param="model")
     if isinstance(exc, PromptTooLong):

@@ -16,6 +16,7 @@ import anyio
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from .._errors import RuntimeClosed
 from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
@@ -77,6 +78,8 @@ class RequestPath:
         to count the prompt's tokens. Admission errors propagate to the error handlers.
         ``request_id`` is the caller's own (``x-request-id``), used if well-formed and new.
         """
+        if self.state.shutting_down:
+            raise RuntimeClosed("the server is shutting down")
         settings = self.state.settings
         request_id = self.state.request_id_from(request_id) or new_request_id()
         self.state.metrics.label(request_id, api)

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ModelLoading, TokenbeltError, UnknownModel
+from .._errors import ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
 from ..engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
-from ..runtime import Model, Runtime, Stream
+from ..runtime import Model, ModelState, Runtime, Stream
 from ._metrics import Metrics
 from ._schemas import TokenbeltOptions
 
@@ -87,6 +87,8 @@ class ServerState:
         self.loads: dict[str, LoadStatus] = {}
         #: called with each model a background load made ready (``tokenbelt serve`` prints it)
         self.on_ready: Callable[[Model], None] | None = None
+        #: set once a shutdown began: new requests are answered 503
+        self.shutting_down = False
         self._lock = threading.Lock()
         self._active: dict[str, Stream] = {}
         self._recent: collections.OrderedDict[str, Trace] = collections.OrderedDict()
@@ -166,6 +168,29 @@ class ServerState:
             logger.warning("cannot read the model catalog: %s", exc)
             return []
 
+    def readiness(self) -> tuple[str, str | None]:
+        """(status, why not ready): ``ok`` only when every served model can take a
+        request now or on demand (an idle-unloaded model reloads for the next one)."""
+        if self.shutting_down:
+            return "shutting_down", "the server is shutting down"
+        failed = [s for s in self.loads.values() if s.state == "failed"]
+        if failed:
+            return "failed", "; ".join(f"model {s.alias} failed to load: {s.error}" for s in failed)
+        loading = [s.alias for s in self.loads.values() if s.state == "loading"]
+        if loading:
+            return "loading", f"model {', '.join(loading)} is loading"
+        models = self.runtime.models
+        if not models:
+            return "no_model", "no model is served"
+        # READY, IDLE_UNLOADED and a reload in progress (LOADING) all take requests.
+        closed = [n for n, m in models.items() if m.state is ModelState.CLOSED]
+        if closed:
+            return "failed", f"model {', '.join(closed)} is closed"
+        dead = [(n, w.failure) for n, w in self.workers().items() if w.failure]
+        if dead:  # its worker kept dying while it loaded: no request can be served
+            return "failed", "; ".join(f"model {n}: {why}" for n, why in dead)
+        return "ok", None
+
     def model_names(self) -> list[str]:
         names = list(self.runtime.models)
         names += [a for a in self.loads if a not in names]
@@ -180,6 +205,9 @@ class ServerState:
             loading = [s for s in self.loads.values() if s.state == "loading"]
             if loading:
                 raise ModelLoading(f"model {loading[0].alias} is still loading")
+            failed = [s for s in self.loads.values() if s.state == "failed"]
+            if failed:
+                raise ModelLoadError(f"model {failed[0].alias} failed to load: {failed[0].error}")
             raise UnknownModel("no model is loaded on this server")
         name = self.runtime.name_for(name)
         if name in models:
@@ -188,7 +216,7 @@ class ServerState:
         if status is not None and status.state == "loading":
             raise ModelLoading(f"model {name} is still loading")
         if status is not None and status.state == "failed":
-            raise UnknownModel(f"model {name} failed to load: {status.error}")
+            raise ModelLoadError(f"model {name} failed to load: {status.error}")
         available = ", ".join(self.model_names()) or "none"
         raise UnknownModel(f"unknown model {name!r}; available: {available}")
 
