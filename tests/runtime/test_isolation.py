@@ -19,7 +19,16 @@ from typing import Any
 import psutil
 import pytest
 
-from tokenbelt import EndReason, Limits, LoadTimeout, Model, Runtime, Stream, WorkerCrashed
+from tokenbelt import (
+    EndReason,
+    InvalidArgument,
+    Limits,
+    LoadTimeout,
+    Model,
+    Runtime,
+    Stream,
+    WorkerCrashed,
+)
 from tokenbelt.engines import WorkerEngine
 from tokenbelt.engines._worker import ABORT_ENV
 from tokenbelt.models import default_model_path
@@ -105,6 +114,35 @@ def test_a_reply_through_the_worker_is_the_in_process_reply(model: Model) -> Non
     assert trace.worker["pid"] == engine_of(model).pid
     assert model.info["isolation"] == "process"
     assert engine_of(model).pid != os.getpid()
+
+
+def test_grammar_and_logprobs_cross_the_boundary_and_bad_ones_stop_before_it(
+    model: Model,
+) -> None:
+    """Items richer than text (logprobs) come back whole; a grammar constrains the worker's
+    sampling; what the vocabulary refuses is refused here, before the worker sees it."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    pid = worker_pid(model)
+    shaped = model.complete(
+        [{"role": "user", "content": "A person as JSON."}], schema=schema, max_tokens=64, **GREEDY
+    )
+    assert shaped.end_reason is EndReason.STOP
+    assert isinstance(shaped.parsed, dict)
+    assert set(shaped.parsed) == {"name", "age"}
+    assert isinstance(shaped.parsed["age"], int)
+    scored = model.complete(HELLO, max_tokens=6, logprobs=True, top_logprobs=2, **GREEDY)
+    assert len(scored.logprobs) == scored.trace.completion_tokens == 6
+    assert "".join(t.token for t in scored.logprobs) == scored.text
+    assert all(t.logprob <= 0 and len(t.top) == 2 for t in scored.logprobs)
+    with pytest.raises(InvalidArgument, match="logit_bias"):
+        model.stream(HELLO, max_tokens=4, logit_bias={10**6: 5.0})
+    with pytest.raises(InvalidArgument):
+        model.stream(HELLO, max_tokens=4, schema={"type": "integer", "minimum": 3})
+    assert engine_of(model).pid == pid  # the same worker throughout: nothing crashed it
 
 
 def test_kill_9_mid_stream_ends_running_and_admitted_requests_and_keeps_the_queue(

@@ -167,6 +167,26 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def check_logit_bias(s: SamplingParams, n_vocab: int, name: str) -> None:
+    """``logit_bias`` names tokens of the model's vocabulary (``InvalidArgument``)."""
+    for token, _bias in s.logit_bias:
+        if token >= n_vocab:
+            raise InvalidArgument(
+                f"logit_bias: token {token} is not in {name}'s vocabulary (ids 0 to {n_vocab - 1})",
+                param="logit_bias",
+            )
+
+
+def check_request(
+    lib: Any, vocab: Any, n_vocab: int, request: GenerationRequest, name: str
+) -> None:
+    """What only the model can check, before a request queues: ``logit_bias`` names
+    tokens of its vocabulary, and a grammar parses against it (``InvalidArgument``)."""
+    check_logit_bias(request.sampling, n_vocab, name)
+    if request.grammar is not None:
+        check_grammar(lib, vocab, request.grammar)
+
+
 class BatchEngine:
     """One llama.cpp context serving up to ``slots`` requests at once, batched.
 
@@ -310,16 +330,6 @@ class BatchEngine:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
         return prompt_tokens(self._model, self._formatter, request, self.name)
 
-    def _check_sampling(self, s: SamplingParams) -> None:
-        """What only the model can check: ``logit_bias`` names tokens of its vocabulary."""
-        for token, _bias in s.logit_bias:
-            if token >= self._n_vocab:
-                raise InvalidArgument(
-                    f"logit_bias: token {token} is not in {self.name}'s vocabulary "
-                    f"(ids 0 to {self._n_vocab - 1})",
-                    param="logit_bias",
-                )
-
     def _check_fits(self, n: int) -> None:
         if n == 0:
             # An empty batch would reach llama_decode: refused, never decoded.
@@ -334,12 +344,9 @@ class BatchEngine:
         """Tokenize on the caller's thread and keep the tokens for the loop's admission,
         so the loop (which every running stream waits on) does not template and
         tokenize the same prompt again."""
-        self._check_sampling(request.sampling)
+        check_request(self._lib, self._vocab, self._n_vocab, request, self.name)
         tokens = self.tokenize_request(request)
         self._check_fits(len(tokens))
-        if request.grammar is not None:
-            # A grammar that does not parse is refused here, before the request queues.
-            check_grammar(self._lib, self._vocab, request.grammar)
         with self._cond:
             # Keyed by identity, holding the request so its id cannot be reused; bounded,
             # since a counted request may never be started (a full queue refuses it).
@@ -471,7 +478,7 @@ class BatchEngine:
         p.start()
         seq.prepared = True
         try:
-            self._check_sampling(seq.request.sampling)
+            check_logit_bias(seq.request.sampling, self._n_vocab, self.name)
             tokens = self._prompt_of(seq.request)
             p.count_prompt(len(tokens))
             self._check_fits(len(tokens))

@@ -58,7 +58,7 @@ from .._errors import (
 )
 from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
-from ._batch import BatchStatistics, _Caller
+from ._batch import BatchStatistics, _Caller, check_request
 from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens
 from ._loading import check_gguf_file
 
@@ -172,6 +172,8 @@ class _Process:
         #: why the parent killed it, when it did
         self.cause: str | None = None
         self.load_by: float | None = None
+        #: killed for taking longer than the load timeout
+        self.load_expired = False
 
     def post(self, message: tuple[Any, ...]) -> None:
         """Queue a message for the sender thread; never blocks (safe under a belt's lock)."""
@@ -306,7 +308,13 @@ class WorkerEngine:
         return prompt_tokens(self._vocab, self._formatter, request, self.name)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
-        """Tokenize in this process (vocabulary only); raises ``PromptTooLong``."""
+        """Check and tokenize in this process (vocabulary only), so a bad request never
+        reaches the worker; raises ``InvalidArgument`` or ``PromptTooLong``."""
+        import llama_cpp
+
+        vocab = self._vocab.vocab
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        check_request(llama_cpp, vocab, n_vocab, request, self.name)
         n = len(self.tokenize_request(request))
         if n + 1 > self.context_length:
             raise PromptTooLong(
@@ -363,6 +371,11 @@ class WorkerEngine:
             )
         if w.load_error is not None:
             raise ModelLoadError(w.load_error)
+        if w.load_expired:
+            # The supervisor killed it for the same deadline a moment before this wait ended.
+            raise LoadTimeout(
+                f"loading {self.model_path.name} took longer than {self.load_timeout} s"
+            )
         if not w.became_ready:
             raise ModelLoadError(
                 f"{w.cause or 'the engine worker died'} while loading {self.model_path.name}"
@@ -659,6 +672,7 @@ class WorkerEngine:
                 slow_load = w.load_by is not None and w.load_by <= now and not w.done
                 if slow_load:
                     w.load_by = None  # killed once
+                    w.load_expired = True
                 restart = self._restart_at is not None and self._restart_at <= now
                 if restart:
                     self._restart_at = None
