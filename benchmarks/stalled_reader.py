@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--send-buffer", type=int, default=32768, help="server socket SO_SNDBUF bytes"
     )
+    parser.add_argument(
+        "--client-rcvbuf",
+        type=int,
+        default=0,
+        help="client socket SO_RCVBUF bytes (default 0: the kernel's default, autotuned)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
@@ -74,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     ).encode()
     client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    if args.client_rcvbuf:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, args.client_rcvbuf)
     client.connect(("127.0.0.1", port))
     client.sendall(
         b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

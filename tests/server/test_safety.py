@@ -1,15 +1,20 @@
-"""Safe defaults: loopback unless a key is given, Bearer auth on the API, no stray CORS."""
+"""Safe defaults: loopback unless a key is given, Bearer auth on the API, no stray CORS,
+only this server's own Host names, and no answer that tells what is on disk."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tokenbelt import ScriptedEngine
+from tokenbelt import InvalidArgument, ScriptedEngine
 from tokenbelt.cli import main
+from tokenbelt.cli._serve import allowed_hosts
 from tokenbelt.server import ServerSettings
 
-from .conftest import CHAT, NET, ServeFactory, chat_body, scripted_runtime, words
+from .conftest import CHAT, NET, RawClient, ServeFactory, chat_body, scripted_runtime, words
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::"])
@@ -93,3 +98,101 @@ def test_cors_only_for_configured_origins(serve: ServeFactory) -> None:
 
     foreign = httpx.post(url, json=chat_body(), headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in foreign.headers
+
+
+# -- Host allow-list, API keys, model names ------------------------------------------------------
+
+
+def test_a_rebinding_host_is_refused(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
+    for host in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example", "localhost.:80"):
+        with RawClient(served.url) as client:
+            client.host = host  # the name the page's DNS pointed at this machine
+            client.send(CHAT, chat_body())
+            status, headers = client.read_head()
+            body = json.loads(client.read_until(b"}}"))
+        assert status == 421, host
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["code"] == "host_not_allowed"
+        assert headers["x-request-id"].startswith("req_")
+    for path in ("/v1/requests", "/health", "/"):
+        refused = httpx.get(served.url + path, headers={"Host": "evil.example"}, timeout=NET)
+        assert refused.status_code == 421, path
+    assert served.recorder.events == [], "a refused request never reaches the model"
+
+    for host in ("localhost", f"localhost:{served.port}", "127.0.0.1", "[::1]:8080", "LOCALHOST"):
+        ok = httpx.post(served.url + CHAT, json=chat_body(), headers={"Host": host}, timeout=NET)
+        assert ok.status_code == 200, host
+
+
+def test_allowed_hosts_are_configurable(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(ScriptedEngine(words(3), delay=0)),
+        ServerSettings(allowed_hosts=("llm.internal",)),
+    )
+    ok = httpx.get(f"{served.url}/v1/models", headers={"Host": "llm.internal:80"}, timeout=NET)
+    assert ok.status_code == 200
+    # Only the names given: loopback names too must be listed to be served.
+    assert httpx.get(f"{served.url}/v1/models", timeout=NET).status_code == 421
+
+
+def test_serve_allows_loopback_names_and_any_name_on_a_public_bind() -> None:
+    assert allowed_hosts("127.0.0.1", []) == ("localhost", "127.0.0.1", "[::1]")
+    assert allowed_hosts("127.0.0.1", ["box.lan"])[-1] == "box.lan"
+    assert "*" in allowed_hosts("0.0.0.0", [])
+
+
+def test_the_bearer_scheme_is_case_insensitive(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(ScriptedEngine(words(3), delay=0)), ServerSettings(api_key="k3y")
+    )
+    for value in ("bearer k3y", "BEARER k3y", "Bearer  k3y", "bEaReR k3y"):
+        answer = httpx.get(f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET)
+        assert answer.status_code == 200, value
+    for value in ("bearer k3", "basic k3y", "k3y", "bearer", "bearerk3y"):
+        answer = httpx.get(f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET)
+        assert answer.status_code == 401, value
+
+
+@pytest.mark.parametrize("key", [" ", "", "\t", " k3y"])
+def test_serve_refuses_a_blank_api_key(
+    key: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TOKENBELT_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--api-key", key, "--port", "0"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("tokenbelt: error:")
+    assert "API key" in lines[0]
+
+
+def test_a_blank_key_in_the_environment_is_refused_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TOKENBELT_API_KEY", "  ")
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--port", "0"])
+    assert exit_.value.code == 2
+    assert "API key" in capsys.readouterr().err
+    with pytest.raises(InvalidArgument):
+        ServerSettings(api_key=" ")
+
+
+def test_a_model_path_does_not_tell_whether_the_file_exists(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
+    real = tmp_path / "secret.gguf"
+    real.write_bytes(b"GGUF")
+    missing = tmp_path / "missing.gguf"
+
+    def ask(path: Path) -> httpx.Response:
+        return httpx.post(served.url + CHAT, json=chat_body(model=str(path)), timeout=NET)
+
+    found, absent = ask(real), ask(missing)
+    assert found.status_code == absent.status_code == 404
+    shown = found.json()["error"]["message"].replace(str(real), "PATH")
+    assert shown == absent.json()["error"]["message"].replace(str(missing), "PATH")
+    assert found.json()["error"]["code"] == absent.json()["error"]["code"] == "model_not_found"

@@ -19,6 +19,8 @@ class EndReason(enum.StrEnum):
     USER_CANCEL = "user_cancel"
     #: the HTTP client went away
     CLIENT_DISCONNECT = "client_disconnect"
+    #: the HTTP client's socket accepted nothing for the reader timeout (an abandoned stream)
+    READER_TIMEOUT = "reader_timeout"
     #: no first token before the first-token deadline (counted from enqueue)
     FIRST_TOKEN_TIMEOUT = "first_token_timeout"
     #: the whole request ran past its total deadline

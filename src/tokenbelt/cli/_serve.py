@@ -45,6 +45,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def allowed_hosts(bound: str, extra: list[str]) -> tuple[str, ...]:
+    """The Host names served: the loopback names, ``extra``, and any for a public bind.
+
+    A server bound beyond loopback needs an API key, which a rebinding page lacks; its
+    clients reach it by names this process cannot know.
+    """
+    names = ["localhost", "127.0.0.1", "[::1]", *extra]
+    if not is_loopback(bound):
+        names.append("*")
+    return tuple(names)
+
+
 def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "serve",
@@ -120,9 +132,34 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     add_thread_options(p)
     p.add_argument(
         "--api-key",
-        default=os.environ.get("TOKENBELT_API_KEY"),
+        default=os.environ.get("TOKENBELT_API_KEY") or None,
         help="require this Bearer key; required when binding a non-loopback address "
         "(default: $TOKENBELT_API_KEY)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header is NAME (any port; repeatable; '*' for "
+        "any). Default: localhost, 127.0.0.1 and [::1] only, so a web page cannot reach the "
+        "server through a DNS name of its own; any name when binding a non-loopback address",
+    )
+    p.add_argument(
+        "--reader-timeout",
+        type=duration,
+        default=30.0,
+        metavar="S",
+        help="end a stream whose client accepts nothing for S seconds (reader_timeout) and "
+        "close its connection (default 30; 0 = never)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=duration,
+        default=30.0,
+        metavar="S",
+        help="close a connection that has not sent a whole request within S seconds "
+        "(answered 408; default 30; 0 = never)",
     )
     p.add_argument(
         "--cors-origin",
@@ -153,8 +190,12 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..runtime import Runtime
-    from ..server import ServerSettings, create_app
+    from ..server import ServerSettings, create_app, http_protocol
 
+    if args.api_key is not None and (
+        not args.api_key.strip() or args.api_key != args.api_key.strip()
+    ):
+        fail("the API key is blank or has white space around it: give a real key", 2)
     if not is_loopback(args.host) and not args.api_key:
         fail(
             f"binding {args.host} exposes the model to the network: "
@@ -199,6 +240,9 @@ def main(args: argparse.Namespace) -> int:
         stall_timeout=args.stall_timeout,
         api_key=args.api_key,
         cors_origins=tuple(args.cors_origin),
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        reader_timeout=args.reader_timeout or None,
+        read_timeout=args.read_timeout or None,
     )
     runtime = Runtime(
         slots=args.slots,
@@ -222,7 +266,12 @@ def main(args: argparse.Namespace) -> int:
         runtime, settings, load=alias, load_options={"load_timeout": args.load_timeout}
     )
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="warning", access_log=False
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        http=http_protocol(settings.read_timeout),
     )
     server = uvicorn.Server(config)
     try:

@@ -26,7 +26,12 @@ from ..engines import GenerationRequest, Message
 from ..runtime import Model, Runtime, Stream, sampling_from
 from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas
 from ._errors import Dialects, error_response
-from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from ._middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    HostMiddleware,
+    RequestIdMiddleware,
+)
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
 from ._state import ServerSettings, ServerState
@@ -110,6 +115,10 @@ def create_app(
             allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version"],
             expose_headers=["x-request-id", "x-tokenbelt-trace"],
         )
+    app.add_middleware(HostMiddleware, allowed=settings.allowed_hosts, dialects=dialects)
+    # Outside every other layer, starlette's own 500 answer included.
+    build = app.build_middleware_stack
+    app.build_middleware_stack = lambda: RequestIdMiddleware(build(), state.request_id_from)  # type: ignore[method-assign]
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -20,7 +20,14 @@ from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
 from ._errors import ErrorShape, compact_json, error_response, failure
-from ._responses import DeferredResponse, Encode, EventStreamResponse, disconnect, sse
+from ._responses import (
+    DeferredResponse,
+    Encode,
+    EventStreamResponse,
+    disconnect,
+    reader_gone,
+    sse,
+)
 from ._schemas import TokenbeltOptions
 from ._state import ServerState
 
@@ -99,8 +106,8 @@ class RequestPath:
         self.state.track(stream)
         return Submitted(stream, min(load_s, time.monotonic() - started))
 
-    @staticmethod
     def streaming(
+        self,
         stream: Stream,
         events: AsyncIterator[object],
         *,
@@ -108,11 +115,21 @@ class RequestPath:
         encode: Encode = sse,
         media_type: str = "text/event-stream; charset=utf-8",
     ) -> Response:
-        """A streamed body; a client that goes away ends the request ``client_disconnect``."""
+        """A streamed body; a client that goes away ends the request ``client_disconnect``.
+
+        A client whose socket takes nothing for the server's reader timeout ends it
+        ``reader_timeout`` (and its connection is closed).
+        """
         head = {"x-request-id": stream.request_id, **(headers or {})}
         return Asgi(
             EventStreamResponse(
-                disconnect(stream), events, head, encode=encode, media_type=media_type
+                disconnect(stream),
+                events,
+                head,
+                encode=encode,
+                media_type=media_type,
+                reader_timeout=self.state.settings.reader_timeout,
+                gone=reader_gone(stream),
             )
         )
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ModelLoading, TokenbeltError, UnknownModel
+from .._errors import InvalidArgument, ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
 from ..engines import BatchEngine, RemoteEngine
 from ..runtime import Model, Runtime, Stream
@@ -40,6 +40,22 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     recent_requests: int = 200
     retry_after_s: int = 1
+    #: seconds a stream's socket may accept nothing before it ends ``reader_timeout``
+    reader_timeout: float | None = 30.0
+    #: seconds for a request's head and body to arrive before the connection is closed
+    read_timeout: float | None = 30.0
+    #: Host header values served (any port); anything else is refused (DNS rebinding)
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise InvalidArgument("the API key is blank: give a key, or none")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise InvalidArgument("the API key starts or ends with white space")
+        for name in ("reader_timeout", "read_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InvalidArgument(f"{name} must be > 0 seconds (None: no limit)")
 
     def default_limits(self) -> Limits:
         return Limits(
@@ -162,7 +178,11 @@ class ServerState:
         return names
 
     def model_for(self, name: str | None) -> Model:
-        """The model a request names (or the default); raises 404/503-mapped errors."""
+        """The model a request names (or the default); raises 404/503-mapped errors.
+
+        Models are named as this server lists them. A path is never looked up on disk:
+        whether a file exists is nothing a client may learn from the answer.
+        """
         models = self.runtime.models
         if name is None or name == "":
             if models:
@@ -171,7 +191,6 @@ class ServerState:
             if loading:
                 raise ModelLoading(f"model {loading[0].alias} is still loading")
             raise UnknownModel("no model is loaded on this server")
-        name = self.runtime.name_for(name)
         if name in models:
             return models[name]
         status = self.loads.get(name)
