@@ -17,14 +17,14 @@ from fastapi import FastAPI, Header, Query
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
 from .. import __version__
 from .._errors import InvalidArgument
 from ..belt import EndReason
 from ..engines import GenerationRequest, Message
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas
+from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas, _openapi
 from ._errors import Dialects, error_response
 from ._middleware import (
     ApiKeyMiddleware,
@@ -138,7 +138,7 @@ def create_app(
         ready = bool(models) and all(v == "ready" for v in models.values())
         return {"status": "ok" if ready else "loading", "models": models, "loads": loads}
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         state.metrics.refresh_gauges()
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -315,4 +315,5 @@ def create_app(
 
     app.include_router(_ollama.router(state, path))
     app.include_router(_anthropic.router(state, path))
+    _openapi.install(app)
     return app
