@@ -1,5 +1,6 @@
 """Safe defaults: loopback unless a key is given, Bearer auth on the API, no stray CORS,
-only this server's own Host names, and no answer that tells what is on disk."""
+only this server's own Host names, requests that belong to the key that made them, and no
+answer that tells what is on disk."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tokenbelt import InvalidArgument, ScriptedEngine
+from tokenbelt import EndReason, InvalidArgument, ScriptedEngine
 from tokenbelt.cli import main
 from tokenbelt.cli._serve import allowed_hosts
 from tokenbelt.server import ServerSettings
 
-from .conftest import CHAT, NET, RawClient, ServeFactory, chat_body, scripted_runtime, words
+from .conftest import (
+    CHAT,
+    NET,
+    RawClient,
+    ServeFactory,
+    StallingEngine,
+    chat_body,
+    scripted_runtime,
+    words,
+)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::"])
@@ -196,3 +206,64 @@ def test_a_model_path_does_not_tell_whether_the_file_exists(
     shown = found.json()["error"]["message"].replace(str(real), "PATH")
     assert shown == absent.json()["error"]["message"].replace(str(missing), "PATH")
     assert found.json()["error"]["code"] == absent.json()["error"]["code"] == "model_not_found"
+
+
+# -- requests belong to the key that made them ---------------------------------------------------
+
+
+def test_a_client_cannot_read_or_cancel_another_clients_request(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(StallingEngine([" a"]), StallingEngine([" a"]), slots=2),
+        ServerSettings(api_key="alice-key", api_keys=("bob-key",), admin_key="root-key"),
+    )
+    url = served.url
+
+    def as_(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    with RawClient(url) as alice:
+        alice.send(CHAT, chat_body(stream=True), headers=as_("alice-key"))
+        _, headers = alice.read_head()
+        theirs = headers["x-request-id"]
+        served.recorder.wait(served.recorder.by_id(theirs), "first_token")
+
+        # Bob's own request, and what Bob sees of Alice's: nothing, as for an unknown id.
+        bob = RawClient(url)
+        bob.send(CHAT, chat_body(stream=True), headers=as_("bob-key"))
+        mine = bob.read_head()[1]["x-request-id"]
+        unknown = httpx.get(f"{url}/v1/requests/req_nobody", headers=as_("bob-key"), timeout=NET)
+        for answer in (
+            httpx.get(f"{url}/v1/requests/{theirs}", headers=as_("bob-key"), timeout=NET),
+            httpx.post(f"{url}/v1/requests/{theirs}/cancel", headers=as_("bob-key"), timeout=NET),
+        ):
+            assert answer.status_code == 404
+            assert answer.json()["error"]["code"] == unknown.json()["error"]["code"]
+        listed = httpx.get(f"{url}/v1/requests", headers=as_("bob-key"), timeout=NET).json()
+        assert [r["request_id"] for r in listed["data"]] == [mine]
+        assert served.recorder.by_id(theirs).end_reason is None, "Bob stopped nothing"
+
+        # The admin key sees everyone's; Alice reads and cancels her own.
+        every = httpx.get(f"{url}/v1/requests", headers=as_("root-key"), timeout=NET).json()
+        assert {r["request_id"] for r in every["data"]} == {theirs, mine}
+        own = httpx.get(f"{url}/v1/requests/{theirs}", headers=as_("alice-key"), timeout=NET)
+        assert own.status_code == 200
+        cancel = httpx.post(
+            f"{url}/v1/requests/{theirs}/cancel", headers=as_("alice-key"), timeout=NET
+        )
+        assert cancel.json()["cancelled"] is True
+        alice.read_until(b"data: [DONE]")
+        bob.close()
+    served.recorder.wait(served.recorder.by_id(theirs), "released")
+    served.assert_released(served.recorder.by_id(mine), EndReason.CLIENT_DISCONNECT)
+    served.assert_released(served.recorder.by_id(theirs), EndReason.USER_CANCEL)
+
+
+def test_serve_takes_a_key_per_client_and_an_admin_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TOKENBELT_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--api-key", "a", "--api-key", "b", "--admin-key", " ", "--port", "0"])
+    assert exit_.value.code == 2
+    assert "API key" in capsys.readouterr().err
+    assert ServerSettings(api_key="a", api_keys=("b",), admin_key="c").keys() == ("a", "b", "c")

@@ -132,9 +132,18 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     add_thread_options(p)
     p.add_argument(
         "--api-key",
-        default=os.environ.get("TOKENBELT_API_KEY") or None,
-        help="require this Bearer key; required when binding a non-loopback address "
-        "(default: $TOKENBELT_API_KEY)",
+        action="append",
+        metavar="KEY",
+        help="require this Bearer key; repeat it to give each client its own key (a "
+        "request is then read and cancelled only with the key that made it); required "
+        "when binding a non-loopback address (default: $TOKENBELT_API_KEY)",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get("TOKENBELT_ADMIN_KEY") or None,
+        metavar="KEY",
+        help="a key that sees and cancels every client's requests "
+        "(default: $TOKENBELT_ADMIN_KEY, or none)",
     )
     p.add_argument(
         "--allowed-host",
@@ -192,11 +201,12 @@ def main(args: argparse.Namespace) -> int:
     from ..runtime import Runtime
     from ..server import ServerSettings, create_app, http_protocol
 
-    if args.api_key is not None and (
-        not args.api_key.strip() or args.api_key != args.api_key.strip()
-    ):
-        fail("the API key is blank or has white space around it: give a real key", 2)
-    if not is_loopback(args.host) and not args.api_key:
+    from_env = os.environ.get("TOKENBELT_API_KEY") or None
+    keys = args.api_key or ([from_env] if from_env else [])
+    for key in [*keys, *([args.admin_key] if args.admin_key is not None else [])]:
+        if not key.strip() or key != key.strip():
+            fail("an API key is blank or has white space around it: give a real key", 2)
+    if not is_loopback(args.host) and not keys:
         fail(
             f"binding {args.host} exposes the model to the network: "
             "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
@@ -238,7 +248,9 @@ def main(args: argparse.Namespace) -> int:
         first_token_timeout=args.first_token_timeout,
         total_timeout=args.total_timeout,
         stall_timeout=args.stall_timeout,
-        api_key=args.api_key,
+        api_key=keys[0] if keys else None,
+        api_keys=tuple(keys[1:]),
+        admin_key=args.admin_key,
         cors_origins=tuple(args.cors_origin),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host),
         reader_timeout=args.reader_timeout or None,

@@ -27,6 +27,7 @@ from ..runtime import Model, Runtime, Stream, sampling_from
 from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas, _openapi
 from ._errors import Dialects, error_response
 from ._middleware import (
+    CALLER,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
     HostMiddleware,
@@ -105,8 +106,10 @@ def create_app(
     app.state.tokenbelt = state
     _errors.install(app, dialects)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, dialects=dialects)
+    if settings.keys():
+        app.add_middleware(
+            ApiKeyMiddleware, keys=settings.keys(), dialects=dialects, admin=settings.admin_key
+        )
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -287,9 +290,10 @@ def create_app(
 
     @app.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")
     async def cancel(request_id: str) -> JSONResponse:
-        stream = state.active(request_id)
+        # With API keys, a request made with another key answers as an unknown one.
+        stream = state.active(request_id, CALLER.get())
         if stream is None:
-            trace = state.trace(request_id)
+            trace = state.trace(request_id, CALLER.get())
             if trace is None:
                 return error_response(
                     404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
@@ -300,13 +304,18 @@ def create_app(
         reason = stream.end_reason.value if stream.end_reason else None
         return JSONResponse({"id": request_id, "cancelled": cancelled, "end_reason": reason})
 
-    @app.get("/v1/requests", summary="Recent requests, newest first, with their traces")
+    @app.get(
+        "/v1/requests",
+        summary="Recent requests, newest first, with their traces (with API keys: the "
+        "caller's own; the admin key's: all)",
+    )
     async def recent(limit: int = Query(50, ge=1, le=1000)) -> dict[str, Any]:
-        return {"object": "list", "data": [t.to_dict() for t in state.recent(limit)]}
+        traces = state.recent(limit, CALLER.get())
+        return {"object": "list", "data": [t.to_dict() for t in traces]}
 
     @app.get("/v1/requests/{request_id}", summary="One request's trace")
     async def one(request_id: str) -> JSONResponse:
-        trace = state.trace(request_id)
+        trace = state.trace(request_id, CALLER.get())
         if trace is None:
             return error_response(
                 404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"

@@ -6,9 +6,12 @@ Their refusals are written in the error shape of the API the path belongs to.
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import hmac
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -119,29 +122,60 @@ def bearer_token(authorization: bytes) -> bytes:
     return token.strip() if scheme.lower() == b"bearer" else b""
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who made a request, by the key it came with (never the key itself)."""
+
+    identity: str
+    #: the admin key: every request is visible to it
+    admin: bool = False
+
+
+#: the caller of the request being served (set by ``ApiKeyMiddleware``; None: no keys)
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
+    "tokenbelt_caller", default=None
+)
+
+
+def _identity(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 class ApiKeyMiddleware:
-    """Require the API key on the APIs (not on ``/health`` or the page).
+    """Require an API key on the APIs (not on ``/health`` or the page).
 
     It may come as ``Authorization: Bearer <key>`` (OpenAI, Ollama; the scheme is
     case-insensitive) or as ``x-api-key: <key>`` (Anthropic); either is accepted on
-    every API.
+    every API. Each key is a caller of its own (``CALLER`` while the request is
+    served); the ``admin`` key, if any, is an admin caller.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str, dialects: Dialects | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: tuple[str, ...],
+        dialects: Dialects | None = None,
+        admin: str | None = None,
+    ) -> None:
         self.app = app
-        self.key = api_key.encode()
+        self.keys = [(k.encode(), Caller(_identity(k), admin=k == admin)) for k in keys]
         self.dialects = dialects or Dialects()
 
-    def _allowed(self, scope: Scope) -> bool:
+    def _caller(self, scope: Scope) -> Caller | None:
         headers = dict(scope.get("headers", ()))
-        # Both comparisons always run: how long a refusal takes says nothing about the key.
-        bearer = hmac.compare_digest(bearer_token(headers.get(b"authorization", b"")), self.key)
-        key = hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)
-        return bearer or key
+        bearer = bearer_token(headers.get(b"authorization", b""))
+        given = headers.get(b"x-api-key", b"")
+        found = None
+        # Every comparison always runs: how long a refusal takes says nothing about a key.
+        for key, caller in self.keys:
+            if hmac.compare_digest(bearer, key) | hmac.compare_digest(given, key):
+                found = caller
+        return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and path.startswith(PROTECTED) and not self._allowed(scope):
+        caller = self._caller(scope)
+        if scope["type"] == "http" and path.startswith(PROTECTED) and caller is None:
             await _reject(
                 send,
                 scope,
@@ -152,7 +186,11 @@ class ApiKeyMiddleware:
                 "invalid_api_key",
             )
             return
-        await self.app(scope, receive, send)
+        token = CALLER.set(caller)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CALLER.reset(token)
 
 
 def host_name(host: str) -> str:

@@ -20,6 +20,7 @@ from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
 from ._errors import ErrorShape, compact_json, error_response, failure
+from ._middleware import CALLER
 from ._responses import (
     DeferredResponse,
     Encode,
@@ -86,6 +87,7 @@ class RequestPath:
         """
         settings = self.state.settings
         request_id = self.state.request_id_from(request_id) or new_request_id()
+        self.state.own(request_id, CALLER.get())
         self.state.metrics.label(request_id, api)
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
@@ -101,6 +103,7 @@ class RequestPath:
             )
         except BaseException:
             self.state.metrics.forget(request_id)
+            self.state.disown(request_id)
             raise
         load_s = float(model.info.get("load_s", 0.0)) if reloading else 0.0
         self.state.track(stream)
