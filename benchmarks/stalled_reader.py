@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 import uvicorn
 
-from tokenbelt import Runtime, Trace, TraceEvent
+from tokenbelt import Runtime, ScriptedEngine, Trace, TraceEvent
 from tokenbelt.models import default_model_path
 from tokenbelt.server import ServerSettings, create_app, http_protocol
 
@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         default=10.0,
         help="seconds the socket may accept nothing before the stream ends (0: no limit)",
     )
+    parser.add_argument(
+        "--scripted-rate",
+        type=float,
+        default=0.0,
+        help="serve a scripted model at this many tokens a second instead of the embedded "
+        "model (a steady rate, for figures that do not depend on the CPU)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
@@ -69,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
             traces.append(event.trace)
 
     runtime = Runtime(keep_alive=None, observers=[keep])
-    runtime.load(str(default_model_path()))
+    if args.scripted_rate:
+        pieces = [f" w{i}" for i in range(args.max_tokens)]
+        runtime.add_engines("scripted", [ScriptedEngine(pieces, delay=1 / args.scripted_rate)])
+    else:
+        runtime.load(str(default_model_path()))
     settings = ServerSettings(capacity=8, reader_timeout=args.reader_timeout or None)
     app = create_app(runtime, settings)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -145,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_growth_second_half": samples[-1]["tokens"] - samples[half]["tokens"],
         "reader_timeout_s": args.reader_timeout or None,
         "client_rcvbuf": args.client_rcvbuf or "default",
+        "model": f"scripted at {args.scripted_rate:g} tok/s" if args.scripted_rate else "embedded",
         "generation_stopped_by_s": stopped_at if not running_when_resumed else None,
         "released_after_s": ended_s,
         "rss_mb_first_sample": samples[0]["rss_mb"],
