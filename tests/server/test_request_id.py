@@ -61,6 +61,18 @@ def test_every_answer_carries_a_request_id_429_included(serve: ServeFactory) -> 
         served.url + CHAT, json=chat_body(), headers={"x-request-id": "mine-429"}, timeout=NET
     )
     assert (mine.status_code, mine.headers["x-request-id"]) == (429, "mine-429")
+    # The same on the other APIs.
+    for path, body in (
+        ("/api/chat", {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}),
+        (
+            "/v1/messages",
+            {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ):
+        other = httpx.post(served.url + path, json=body, timeout=NET)
+        assert other.status_code == 429, other.text
+        found = httpx.get(f"{served.url}/v1/requests/{other.headers['x-request-id']}", timeout=NET)
+        assert found.json()["end_reason"] == "rejected"
 
     for answer in (
         httpx.post(served.url + CHAT, json={"messages": 3}, timeout=NET),  # invalid body

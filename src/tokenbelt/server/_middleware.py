@@ -131,6 +131,10 @@ class Caller:
     admin: bool = False
 
 
+#: the id ``RequestIdMiddleware`` gave the request being served
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tokenbelt_request_id", default=None
+)
 #: the caller of the request being served (set by ``ApiKeyMiddleware``; None: no keys)
 CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
     "tokenbelt_caller", default=None
@@ -267,4 +271,8 @@ class RequestIdMiddleware:
                 message = {**message, "headers": out}
             await send(message)
 
-        await self.app({**scope, "headers": headers}, receive, with_id)
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app({**scope, "headers": headers}, receive, with_id)
+        finally:
+            REQUEST_ID.reset(token)

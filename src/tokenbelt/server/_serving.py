@@ -20,7 +20,7 @@ from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
 from ._errors import ErrorShape, compact_json, error_response, failure
-from ._middleware import CALLER
+from ._middleware import CALLER, REQUEST_ID
 from ._responses import (
     DeferredResponse,
     Encode,
@@ -86,6 +86,8 @@ class RequestPath:
         ``request_id`` is the caller's own (``x-request-id``), used if well-formed and new.
         """
         settings = self.state.settings
+        # Every API's request goes by the id its answer carries (``RequestIdMiddleware``).
+        request_id = request_id or REQUEST_ID.get()
         request_id = self.state.request_id_from(request_id) or new_request_id()
         self.state.own(request_id, CALLER.get())
         self.state.metrics.label(request_id, api)
