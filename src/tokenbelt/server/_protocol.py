@@ -110,7 +110,6 @@ class GuardedH11Protocol(H11Protocol):
         if self._half_closed:
             # The client sends nothing more: this connection has served its request.
             self.transport.close()
-            return
         super().on_response_complete()
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             self._arm_read_deadline()  # for the next request on this connection
