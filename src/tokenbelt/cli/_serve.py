@@ -151,8 +151,9 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=[],
         metavar="NAME",
         help="also answer requests whose Host header is NAME (any port; repeatable; '*' for "
-        "any). Default: localhost, 127.0.0.1 and [::1] only, so a web page cannot reach the "
-        "server through a DNS name of its own; any name when binding a non-loopback address",
+        "any), so a web page cannot reach the server through a DNS name of its own "
+        "(default: localhost, 127.0.0.1 and [::1] only; any name when binding a "
+        "non-loopback address)",
     )
     p.add_argument(
         "--reader-timeout",
@@ -167,8 +168,8 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         type=duration,
         default=30.0,
         metavar="S",
-        help="close a connection that has not sent a whole request within S seconds "
-        "(answered 408; default 30; 0 = never)",
+        help="answer 408 and close a connection that has not sent a whole request within "
+        "S seconds (default 30; 0 = never)",
     )
     p.add_argument(
         "--cors-origin",
