@@ -308,6 +308,7 @@ def test_end_reasons() -> None:
         "length",
         "user_cancel",
         "client_disconnect",
+        "reader_timeout",
         "first_token_timeout",
         "total_timeout",
         "stall_timeout",
@@ -325,4 +326,6 @@ def test_end_reasons() -> None:
     }
     assert EndReason.LENGTH.openai_finish_reason == "length"
     assert EndReason.USER_CANCEL.openai_finish_reason == "cancelled"
+    # A reader that took nothing is a stop on the client's side, not a deadline.
+    assert EndReason.READER_TIMEOUT.openai_finish_reason == "cancelled"
     assert json.dumps(EndReason.STOP) == '"stop"'
