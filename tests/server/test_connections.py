@@ -132,7 +132,9 @@ def test_the_read_timeout_does_not_cut_an_answer_or_the_next_request(serve: Serv
 def test_a_reader_that_reads_nothing_is_bounded_and_ends_reader_timeout(
     serve: ServeFactory,
 ) -> None:
-    # 1 KiB pieces, as many as could fill any socket buffer many times over.
+    """With default socket settings, as documented: once the client's kernel stops taking
+    bytes (here at once, 1 KiB pieces being segments it cannot compact), the model pauses
+    and, the reader timeout later, the stream ends and its slot is free."""
     engine = ScriptedEngine(words(200_000, size=1024), delay=0)
     served = serve(scripted_runtime(engine), ServerSettings(reader_timeout=1.0))
     with RawClient(served.url) as client:  # default socket settings: the kernel's buffers
