@@ -95,11 +95,25 @@ def test_a_half_sent_request_is_closed_after_the_read_timeout(
         raw = client.read_to_close()
         waited = time.monotonic() - started
     assert raw.startswith(b"HTTP/1.1 408 ")
+    assert b"\r\nx-request-id: req_" in raw
     error = json_body(raw)["error"]
     assert isinstance(error, dict)
     assert error["code"] == "request_timeout"
     assert waited < NET
     assert served.recorder.events == [], "half a request never reaches the model"
+
+
+def test_malformed_http_gets_an_error_body_and_a_request_id(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
+    with RawClient(served.url) as client:
+        client.sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nno colon here\r\n\r\n")
+        raw = client.read_to_close()
+    assert raw.startswith(b"HTTP/1.1 400 ")
+    assert b"\r\nx-request-id: req_" in raw
+    error = json_body(raw)["error"]
+    assert isinstance(error, dict)
+    assert error["code"] == "bad_request"
+    assert served.recorder.events == []
 
 
 def test_a_silent_connection_is_closed_after_the_read_timeout(serve: ServeFactory) -> None:

@@ -32,6 +32,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from ..belt import new_request_id
+
 logger = logging.getLogger("tokenbelt.server")
 
 #: the transport pauses the response writer above this many buffered bytes
@@ -42,21 +44,15 @@ HALF_CLOSED_POLL_S = 0.1
 ABORT_EXTENSION = "tokenbelt.connection"
 
 
-def _timeout_answer(seconds: float) -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"the request was not received within {seconds:g} s",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_timeout",
-            }
-        }
-    ).encode()
+def _error_answer(status: int, phrase: str, message: str, code: str) -> bytes:
+    """A whole error answer, OpenAI-shaped, for a connection about to be closed."""
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    body = json.dumps({"error": error}).encode()
     head = (
-        "HTTP/1.1 408 Request Timeout\r\n"
+        f"HTTP/1.1 {status} {phrase}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
+        f"x-request-id: {new_request_id()}\r\n"
         "connection: close\r\n\r\n"
     )
     return head.encode() + body
@@ -129,6 +125,11 @@ class GuardedH11Protocol(H11Protocol):
         self._watch_half_closed()
         return True  # keep the transport open for the answer
 
+    def send_400_response(self, msg: str) -> None:
+        """Malformed HTTP: an OpenAI-shaped 400 (uvicorn's own is plain text)."""
+        self.transport.write(_error_answer(400, "Bad Request", msg, "bad_request"))
+        self.transport.close()
+
     # -- internals -----------------------------------------------------------------------------
 
     def _abort(self) -> None:
@@ -160,7 +161,9 @@ class GuardedH11Protocol(H11Protocol):
         begun = state is h11.SEND_BODY or bool(self.conn.trailing_data[0])
         if begun and (self.cycle is None or not self.cycle.response_started):
             logger.info("closing a connection whose request did not arrive in time")
-            self.transport.write(_timeout_answer(self.read_timeout or 0.0))
+            message = f"the request was not received within {self.read_timeout:g} s"
+            answer = _error_answer(408, "Request Timeout", message, "request_timeout")
+            self.transport.write(answer)
         self.transport.close()
 
     def _watch_half_closed(self) -> None:
