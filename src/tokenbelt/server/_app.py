@@ -121,7 +121,11 @@ def create_app(
     app.add_middleware(HostMiddleware, allowed=settings.allowed_hosts, dialects=dialects)
     # Outside every other layer, starlette's own 500 answer included.
     build = app.build_middleware_stack
-    app.build_middleware_stack = lambda: RequestIdMiddleware(build(), state.request_id_from)  # type: ignore[method-assign]
+
+    def with_request_ids() -> RequestIdMiddleware:
+        return RequestIdMiddleware(build(), state.request_id_from)
+
+    app.build_middleware_stack = with_request_ids  # type: ignore[method-assign]
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
