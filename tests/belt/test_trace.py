@@ -308,6 +308,7 @@ def test_end_reasons() -> None:
         "length",
         "user_cancel",
         "client_disconnect",
+        "reader_timeout",
         "first_token_timeout",
         "total_timeout",
         "stall_timeout",
@@ -331,4 +332,6 @@ def test_end_reasons() -> None:
         assert reason.openai_finish_reason in {"stop", "length"}
         if reason.is_timeout or reason in (EndReason.SHUTDOWN, EndReason.RUNTIME_ERROR):
             assert reason.openai_finish_reason == "length"
+    # A reader that took nothing left, as a disconnect does: not a deadline.
+    assert EndReason.READER_TIMEOUT.openai_finish_reason == "stop"
     assert json.dumps(EndReason.STOP) == '"stop"'

@@ -25,7 +25,7 @@ from tokenbelt import EndReason, GenerationRequest, Runtime, ScriptedEngine
 from tokenbelt.belt import Belt, Trace, TraceEvent
 from tokenbelt.models import default_model_path
 from tokenbelt.runtime import Model
-from tokenbelt.server import ServerSettings, create_app
+from tokenbelt.server import ServerSettings, create_app, http_protocol
 
 #: a safety net for every wait, never the assertion itself
 NET = 30.0
@@ -172,6 +172,7 @@ def serve() -> Iterator[ServeFactory]:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            http=http_protocol((settings or ServerSettings()).read_timeout),
         )
         server = uvicorn.Server(config)
         thread = threading.Thread(

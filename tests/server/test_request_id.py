@@ -1,12 +1,22 @@
-"""A caller's own ``x-request-id`` (a tokenbelt front passes its id to its upstream)."""
+"""Request ids: a caller's own ``x-request-id`` (a tokenbelt front passes its id to its
+upstream, a non-streaming client cancels by it), and an id on every answer."""
 
 from __future__ import annotations
 
 import httpx
 
-from tokenbelt import ScriptedEngine
+from tokenbelt import EndReason, ScriptedEngine
+from tokenbelt.server import ServerSettings
 
-from .conftest import CHAT, NET, ServeFactory, chat_body, scripted_runtime
+from .conftest import (
+    CHAT,
+    NET,
+    RawClient,
+    ServeFactory,
+    StallingEngine,
+    chat_body,
+    scripted_runtime,
+)
 
 
 def test_a_new_well_formed_id_is_used_once(serve: ServeFactory) -> None:
@@ -30,3 +40,63 @@ def test_a_new_well_formed_id_is_used_once(serve: ServeFactory) -> None:
     assert odd.startswith("req_")
     found = httpx.get(f"{served.url}/v1/requests/req_front_1", timeout=NET).json()
     assert found["end_reason"] == "stop"
+
+
+def test_every_answer_carries_a_request_id_429_included(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(StallingEngine([" a"]), queue_size=1), ServerSettings(max_body_bytes=4096)
+    )
+    hog = served.model().stream(prompt="hold the only slot")
+    served.recorder.wait(hog.trace, "first_token")
+    queued = served.model().stream(prompt="fill the queue")
+    served.recorder.wait(queued.trace, "enqueued")
+
+    refused = httpx.post(served.url + CHAT, json=chat_body(), timeout=NET)
+    assert refused.status_code == 429
+    request_id = refused.headers["x-request-id"]
+    # The refusal is recorded under the id it was given.
+    record = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
+    assert record["end_reason"] == "rejected"
+    mine = httpx.post(
+        served.url + CHAT, json=chat_body(), headers={"x-request-id": "mine-429"}, timeout=NET
+    )
+    assert (mine.status_code, mine.headers["x-request-id"]) == (429, "mine-429")
+    # The same on the other APIs.
+    for path, body in (
+        ("/api/chat", {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}),
+        (
+            "/v1/messages",
+            {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ):
+        other = httpx.post(served.url + path, json=body, timeout=NET)
+        assert other.status_code == 429, other.text
+        found = httpx.get(f"{served.url}/v1/requests/{other.headers['x-request-id']}", timeout=NET)
+        assert found.json()["end_reason"] == "rejected"
+
+    for answer in (
+        httpx.post(served.url + CHAT, json={"messages": 3}, timeout=NET),  # invalid body
+        httpx.post(served.url + CHAT, content=b"x" * 5000, timeout=NET),  # too large
+        httpx.post(served.url + CHAT, json=chat_body(model="nope"), timeout=NET),
+        httpx.get(f"{served.url}/v1/requests/req_unknown", timeout=NET),
+        httpx.delete(served.url + CHAT, timeout=NET),
+        httpx.get(f"{served.url}/nowhere", timeout=NET),
+        httpx.get(f"{served.url}/health", timeout=NET),
+    ):
+        assert answer.status_code != 200 or answer.request.url.path == "/health"
+        assert answer.headers["x-request-id"].startswith("req_"), answer.request.url
+    hog.cancel()
+    queued.cancel()
+
+
+def test_a_non_streaming_client_cancels_by_its_own_id(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(StallingEngine([" a", " b"])))
+    with RawClient(served.url) as client:
+        client.send(CHAT, chat_body(), headers={"x-request-id": "job-42"})
+        trace = served.recorder.by_id("job-42")
+        served.recorder.wait(trace, "first_token")
+        cancel = httpx.post(f"{served.url}/v1/requests/job-42/cancel", timeout=NET)
+        assert cancel.json()["cancelled"] is True
+        status, headers = client.read_head()
+    assert (status, headers["x-request-id"]) == (200, "job-42")
+    served.assert_released(trace, EndReason.USER_CANCEL)

@@ -1,15 +1,30 @@
-"""Safe defaults: loopback unless a key is given, Bearer auth on the API, no stray CORS."""
+"""Safe defaults: loopback unless a key is given, Bearer auth on the API, no stray CORS,
+only this server's own Host names, requests that belong to the key that made them, and no
+answer that tells what is on disk."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tokenbelt import ScriptedEngine
+from tokenbelt import EndReason, InvalidArgument, ScriptedEngine
 from tokenbelt.cli import main
+from tokenbelt.cli._serve import allowed_hosts
 from tokenbelt.server import ServerSettings
 
-from .conftest import CHAT, NET, ServeFactory, chat_body, scripted_runtime, words
+from .conftest import (
+    CHAT,
+    NET,
+    RawClient,
+    ServeFactory,
+    StallingEngine,
+    chat_body,
+    scripted_runtime,
+    words,
+)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::"])
@@ -93,3 +108,162 @@ def test_cors_only_for_configured_origins(serve: ServeFactory) -> None:
 
     foreign = httpx.post(url, json=chat_body(), headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in foreign.headers
+
+
+# -- Host allow-list, API keys, model names ------------------------------------------------------
+
+
+def test_a_rebinding_host_is_refused(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
+    for host in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example", "localhost.:80"):
+        with RawClient(served.url) as client:
+            client.host = host  # the name the page's DNS pointed at this machine
+            client.send(CHAT, chat_body())
+            status, headers = client.read_head()
+            body = json.loads(client.read_until(b"}}"))
+        assert status == 421, host
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["code"] == "host_not_allowed"
+        assert headers["x-request-id"].startswith("req_")
+    for path in ("/v1/requests", "/health", "/"):
+        refused = httpx.get(served.url + path, headers={"Host": "evil.example"}, timeout=NET)
+        assert refused.status_code == 421, path
+    assert served.recorder.events == [], "a refused request never reaches the model"
+
+    for host in ("localhost", f"localhost:{served.port}", "127.0.0.1", "[::1]:8080", "LOCALHOST"):
+        ok = httpx.post(served.url + CHAT, json=chat_body(), headers={"Host": host}, timeout=NET)
+        assert ok.status_code == 200, host
+
+
+def test_allowed_hosts_are_configurable(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(ScriptedEngine(words(3), delay=0)),
+        ServerSettings(allowed_hosts=("llm.internal",)),
+    )
+    ok = httpx.get(f"{served.url}/v1/models", headers={"Host": "llm.internal:80"}, timeout=NET)
+    assert ok.status_code == 200
+    # Only the names given: loopback names too must be listed to be served.
+    assert httpx.get(f"{served.url}/v1/models", timeout=NET).status_code == 421
+
+
+def test_serve_allows_loopback_names_and_any_name_on_a_public_bind() -> None:
+    assert allowed_hosts("127.0.0.1", []) == ("localhost", "127.0.0.1", "[::1]")
+    assert allowed_hosts("127.0.0.1", ["box.lan"])[-1] == "box.lan"
+    assert "*" in allowed_hosts("0.0.0.0", [])
+
+
+def test_the_bearer_scheme_is_case_insensitive(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(ScriptedEngine(words(3), delay=0)), ServerSettings(api_key="k3y")
+    )
+    for value in ("bearer k3y", "BEARER k3y", "Bearer  k3y", "bEaReR k3y"):
+        answer = httpx.get(f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET)
+        assert answer.status_code == 200, value
+    for value in ("bearer k3", "basic k3y", "k3y", "bearer", "bearerk3y"):
+        answer = httpx.get(f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET)
+        assert answer.status_code == 401, value
+
+
+@pytest.mark.parametrize("key", [" ", "", "\t", " k3y"])
+def test_serve_refuses_a_blank_api_key(
+    key: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TOKENBELT_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--api-key", key, "--port", "0"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("tokenbelt: error:")
+    assert "API key" in lines[0]
+
+
+def test_a_blank_key_in_the_environment_is_refused_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TOKENBELT_API_KEY", "  ")
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--port", "0"])
+    assert exit_.value.code == 2
+    assert "API key" in capsys.readouterr().err
+    with pytest.raises(InvalidArgument):
+        ServerSettings(api_key=" ")
+
+
+def test_a_model_path_does_not_tell_whether_the_file_exists(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
+    real = tmp_path / "secret.gguf"
+    real.write_bytes(b"GGUF")
+    missing = tmp_path / "missing.gguf"
+
+    def ask(path: Path) -> httpx.Response:
+        return httpx.post(served.url + CHAT, json=chat_body(model=str(path)), timeout=NET)
+
+    found, absent = ask(real), ask(missing)
+    assert found.status_code == absent.status_code == 404
+    shown = found.json()["error"]["message"].replace(str(real), "PATH")
+    assert shown == absent.json()["error"]["message"].replace(str(missing), "PATH")
+    assert found.json()["error"]["code"] == absent.json()["error"]["code"] == "model_not_found"
+
+
+# -- requests belong to the key that made them ---------------------------------------------------
+
+
+def test_a_client_cannot_read_or_cancel_another_clients_request(serve: ServeFactory) -> None:
+    served = serve(
+        scripted_runtime(StallingEngine([" a"]), StallingEngine([" a"]), slots=2),
+        ServerSettings(api_key="alice-key", api_keys=("bob-key",), admin_key="root-key"),
+    )
+    url = served.url
+
+    def as_(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    with RawClient(url) as alice:
+        alice.send(CHAT, chat_body(stream=True), headers=as_("alice-key"))
+        _, headers = alice.read_head()
+        theirs = headers["x-request-id"]
+        served.recorder.wait(served.recorder.by_id(theirs), "first_token")
+
+        # Bob's own request, and what Bob sees of Alice's: nothing, as for an unknown id.
+        bob = RawClient(url)
+        bob.send(CHAT, chat_body(stream=True), headers=as_("bob-key"))
+        mine = bob.read_head()[1]["x-request-id"]
+        unknown = httpx.get(f"{url}/v1/requests/req_nobody", headers=as_("bob-key"), timeout=NET)
+        for answer in (
+            httpx.get(f"{url}/v1/requests/{theirs}", headers=as_("bob-key"), timeout=NET),
+            httpx.post(f"{url}/v1/requests/{theirs}/cancel", headers=as_("bob-key"), timeout=NET),
+        ):
+            assert answer.status_code == 404
+            assert answer.json()["error"]["code"] == unknown.json()["error"]["code"]
+        listed = httpx.get(f"{url}/v1/requests", headers=as_("bob-key"), timeout=NET).json()
+        assert [r["request_id"] for r in listed["data"]] == [mine]
+        assert served.recorder.by_id(theirs).end_reason is None, "Bob stopped nothing"
+
+        # The admin key sees everyone's; Alice reads and cancels her own.
+        every = httpx.get(f"{url}/v1/requests", headers=as_("root-key"), timeout=NET).json()
+        assert {r["request_id"] for r in every["data"]} == {theirs, mine}
+        own = httpx.get(f"{url}/v1/requests/{theirs}", headers=as_("alice-key"), timeout=NET)
+        assert own.status_code == 200
+        cancel = httpx.post(
+            f"{url}/v1/requests/{theirs}/cancel", headers=as_("alice-key"), timeout=NET
+        )
+        assert cancel.json()["cancelled"] is True
+        alice.read_until(b"data: [DONE]")
+        bob.close()
+    served.recorder.wait(served.recorder.by_id(theirs), "released")
+    served.assert_released(served.recorder.by_id(mine), EndReason.CLIENT_DISCONNECT)
+    served.assert_released(served.recorder.by_id(theirs), EndReason.USER_CANCEL)
+
+
+def test_serve_takes_a_key_per_client_and_an_admin_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TOKENBELT_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--api-key", "a", "--api-key", "b", "--admin-key", " ", "--port", "0"])
+    assert exit_.value.code == 2
+    assert "API key" in capsys.readouterr().err
+    assert ServerSettings(api_key="a", api_keys=("b",), admin_key="c").keys() == ("a", "b", "c")

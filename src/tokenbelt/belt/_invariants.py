@@ -40,6 +40,7 @@ _STOPS = frozenset(
     {
         "user_cancel",
         "client_disconnect",
+        "reader_timeout",
         "first_token_timeout",
         "total_timeout",
         "stall_timeout",

@@ -19,6 +19,8 @@ class EndReason(enum.StrEnum):
     USER_CANCEL = "user_cancel"
     #: the HTTP client went away
     CLIENT_DISCONNECT = "client_disconnect"
+    #: the HTTP client's socket accepted nothing for the reader timeout (an abandoned stream)
+    READER_TIMEOUT = "reader_timeout"
     #: no first token before the first-token deadline (counted from enqueue)
     FIRST_TOKEN_TIMEOUT = "first_token_timeout"
     #: the whole request ran past its total deadline
@@ -49,14 +51,15 @@ class EndReason(enum.StrEnum):
         """The ``finish_reason`` for OpenAI-style answers: always one of OpenAI's own values.
 
         ``stop`` and ``length`` are themselves; the ends a caller chose (``user_cancel``,
-        ``client_disconnect``) are ``stop``; every other end cut the reply short for a
-        reason the caller did not choose (a deadline, ``shutdown``, ``rejected``,
-        ``runtime_error``) and is ``length``, the value clients read as "truncated".
+        ``client_disconnect``, ``reader_timeout``: it stopped reading) are ``stop``; every
+        other end cut the reply short for a reason the caller did not choose (a deadline,
+        ``shutdown``, ``rejected``, ``runtime_error``) and is ``length``, the value clients
+        read as "truncated".
         The exact reason travels beside it (``tokenbelt.end_reason``).
         """
         if self.is_natural:
             return self.value
-        if self in (EndReason.USER_CANCEL, EndReason.CLIENT_DISCONNECT):
+        if self in (EndReason.USER_CANCEL, EndReason.CLIENT_DISCONNECT, EndReason.READER_TIMEOUT):
             return "stop"
         return "length"
 

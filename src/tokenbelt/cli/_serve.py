@@ -47,6 +47,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def allowed_hosts(bound: str, extra: list[str]) -> tuple[str, ...]:
+    """The Host names served: the loopback names, ``extra``, and any for a public bind.
+
+    A server bound beyond loopback needs an API key, which a rebinding page lacks; its
+    clients reach it by names this process cannot know.
+    """
+    names = ["localhost", "127.0.0.1", "[::1]", *extra]
+    if not is_loopback(bound):
+        names.append("*")
+    return tuple(names)
+
+
 def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "serve",
@@ -137,9 +149,44 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     add_isolation_options(p)
     p.add_argument(
         "--api-key",
-        default=os.environ.get("TOKENBELT_API_KEY"),
-        help="require this Bearer key; required when binding a non-loopback address "
-        "(default: $TOKENBELT_API_KEY)",
+        action="append",
+        metavar="KEY",
+        help="require this Bearer key; repeat it to give each client its own key (a "
+        "request is then read and cancelled only with the key that made it); required "
+        "when binding a non-loopback address (default: $TOKENBELT_API_KEY)",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get("TOKENBELT_ADMIN_KEY") or None,
+        metavar="KEY",
+        help="a key that sees and cancels every client's requests "
+        "(default: $TOKENBELT_ADMIN_KEY, or none)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header is NAME (any port; repeatable; '*' for "
+        "any), so a web page cannot reach the server through a DNS name of its own "
+        "(default: localhost, 127.0.0.1 and [::1] only; any name when binding a "
+        "non-loopback address)",
+    )
+    p.add_argument(
+        "--reader-timeout",
+        type=duration,
+        default=30.0,
+        metavar="S",
+        help="end a stream whose client accepts nothing for S seconds (reader_timeout) and "
+        "close its connection (default 30; 0 = never)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=duration,
+        default=30.0,
+        metavar="S",
+        help="answer 408 and close a connection that has not sent a whole request within "
+        "S seconds (default 30; 0 = never)",
     )
     p.add_argument(
         "--cors-origin",
@@ -170,10 +217,15 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..runtime import Runtime
-    from ..server import ServerSettings, create_app
+    from ..server import ServerSettings, create_app, http_protocol
     from ..server._shutdown import GracefulServer
 
-    if not is_loopback(args.host) and not args.api_key:
+    from_env = os.environ.get("TOKENBELT_API_KEY") or None
+    keys = args.api_key or ([from_env] if from_env else [])
+    for key in [*keys, *([args.admin_key] if args.admin_key is not None else [])]:
+        if not key.strip() or key != key.strip():
+            fail("an API key is blank or has white space around it: give a real key", 2)
+    if not is_loopback(args.host) and not keys:
         fail(
             f"binding {args.host} exposes the model to the network: "
             "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
@@ -222,8 +274,13 @@ def main(args: argparse.Namespace) -> int:
         first_token_timeout=args.first_token_timeout,
         total_timeout=args.total_timeout,
         stall_timeout=args.stall_timeout,
-        api_key=args.api_key,
+        api_key=keys[0] if keys else None,
+        api_keys=tuple(keys[1:]),
+        admin_key=args.admin_key,
         cors_origins=tuple(args.cors_origin),
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        reader_timeout=args.reader_timeout or None,
+        read_timeout=args.read_timeout or None,
     )
     runtime = Runtime(
         slots=args.slots,
@@ -250,7 +307,12 @@ def main(args: argparse.Namespace) -> int:
         runtime, settings, load=alias, load_options={"load_timeout": args.load_timeout}
     )
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="warning", access_log=False
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        http=http_protocol(settings.read_timeout),
     )
     server = GracefulServer(config, app.state.tokenbelt, grace=args.shutdown_grace)
     try:

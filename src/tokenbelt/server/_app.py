@@ -18,17 +18,31 @@ from fastapi import FastAPI, Header, Query
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
 from .. import __version__
 from .._errors import InvalidArgument
 from ..belt import EndReason
 from ..engines import GenerationRequest, SamplingParams
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import _anthropic, _anthropic_schemas, _errors, _ollama, _ollama_schemas, _tools
+from . import (
+    _anthropic,
+    _anthropic_schemas,
+    _errors,
+    _ollama,
+    _ollama_schemas,
+    _openapi,
+    _tools,
+)
 from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
 from ._errors import Dialects, UnsupportedParameter, error_response
-from ._middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from ._middleware import (
+    CALLER,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    HostMiddleware,
+    RequestIdMiddleware,
+)
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
 from ._state import ServerSettings, ServerState
@@ -107,8 +121,10 @@ def create_app(
     app.state.tokenbelt = state
     _errors.install(app, dialects)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, dialects=dialects)
+    if settings.keys():
+        app.add_middleware(
+            ApiKeyMiddleware, keys=settings.keys(), dialects=dialects, admin=settings.admin_key
+        )
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -117,6 +133,14 @@ def create_app(
             allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version"],
             expose_headers=["x-request-id", "x-tokenbelt-trace"],
         )
+    app.add_middleware(HostMiddleware, allowed=settings.allowed_hosts, dialects=dialects)
+    # Outside every other layer, starlette's own 500 answer included.
+    build = app.build_middleware_stack
+
+    def with_request_ids() -> RequestIdMiddleware:
+        return RequestIdMiddleware(build(), state.request_id_from)
+
+    app.build_middleware_stack = with_request_ids  # type: ignore[method-assign]
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -148,7 +172,7 @@ def create_app(
             body["workers"] = workers
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         state.metrics.refresh_gauges()
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -435,9 +459,10 @@ def create_app(
 
     @app.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")
     async def cancel(request_id: str) -> JSONResponse:
-        stream = state.active(request_id)
+        # With API keys, a request made with another key answers as an unknown one.
+        stream = state.active(request_id, CALLER.get())
         if stream is None:
-            trace = state.trace(request_id)
+            trace = state.trace(request_id, CALLER.get())
             if trace is None:
                 return error_response(
                     404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
@@ -448,13 +473,18 @@ def create_app(
         reason = stream.end_reason.value if stream.end_reason else None
         return JSONResponse({"id": request_id, "cancelled": cancelled, "end_reason": reason})
 
-    @app.get("/v1/requests", summary="Recent requests, newest first, with their traces")
+    @app.get(
+        "/v1/requests",
+        summary="Recent requests, newest first, with their traces (with API keys: the "
+        "caller's own; the admin key's: all)",
+    )
     async def recent(limit: int = Query(50, ge=1, le=1000)) -> dict[str, Any]:
-        return {"object": "list", "data": [t.to_dict() for t in state.recent(limit)]}
+        traces = state.recent(limit, CALLER.get())
+        return {"object": "list", "data": [t.to_dict() for t in traces]}
 
     @app.get("/v1/requests/{request_id}", summary="One request's trace")
     async def one(request_id: str) -> JSONResponse:
-        trace = state.trace(request_id)
+        trace = state.trace(request_id, CALLER.get())
         if trace is None:
             return error_response(
                 404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
@@ -463,4 +493,5 @@ def create_app(
 
     app.include_router(_ollama.router(state, path))
     app.include_router(_anthropic.router(state, path))
+    _openapi.install(app)
     return app

@@ -1,16 +1,22 @@
-"""Plain ASGI middleware: a body size limit and an API key check.
+"""Plain ASGI middleware: a request id on every answer, a Host allow-list, a body size
+limit and an API key check.
 
 Their refusals are written in the error shape of the API the path belongs to.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import hmac
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..belt import new_request_id
 from ._errors import Dialects
 
 #: the API paths (the web page, its assets and /health stay open)
@@ -22,12 +28,12 @@ async def _reject(
 ) -> None:
     shape = dialects.shape_for(scope.get("path", ""))
     status, payload = shape(status, message, type_, code, None)
-    body = json.dumps(payload)
-    headers = [(b"content-type", b"application/json")]
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body.encode()})
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyTooLarge(HTTPException):
@@ -110,29 +116,70 @@ class BodyLimitMiddleware:
                 await self._too_large(send, scope)
 
 
-class ApiKeyMiddleware:
-    """Require the API key on the APIs (not on ``/health`` or the page).
+def bearer_token(authorization: bytes) -> bytes:
+    """The credentials of an ``Authorization: Bearer ...`` header (the scheme in any case)."""
+    scheme, _, token = authorization.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
 
-    It may come as ``Authorization: Bearer <key>`` (OpenAI, Ollama) or as
-    ``x-api-key: <key>`` (Anthropic); either is accepted on every API.
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a request, by the key it came with (never the key itself)."""
+
+    identity: str
+    #: the admin key: every request is visible to it
+    admin: bool = False
+
+
+#: the id ``RequestIdMiddleware`` gave the request being served
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tokenbelt_request_id", default=None
+)
+#: the caller of the request being served (set by ``ApiKeyMiddleware``; None: no keys)
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
+    "tokenbelt_caller", default=None
+)
+
+
+def _identity(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class ApiKeyMiddleware:
+    """Require an API key on the APIs (not on ``/health`` or the page).
+
+    It may come as ``Authorization: Bearer <key>`` (OpenAI, Ollama; the scheme is
+    case-insensitive) or as ``x-api-key: <key>`` (Anthropic); either is accepted on
+    every API. Each key is a caller of its own (``CALLER`` while the request is
+    served); the ``admin`` key, if any, is an admin caller.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str, dialects: Dialects | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: tuple[str, ...],
+        dialects: Dialects | None = None,
+        admin: str | None = None,
+    ) -> None:
         self.app = app
-        self.bearer = f"Bearer {api_key}".encode()
-        self.key = api_key.encode()
+        self.keys = [(k.encode(), Caller(_identity(k), admin=k == admin)) for k in keys]
         self.dialects = dialects or Dialects()
 
-    def _allowed(self, scope: Scope) -> bool:
+    def _caller(self, scope: Scope) -> Caller | None:
         headers = dict(scope.get("headers", ()))
-        # Both comparisons always run: how long a refusal takes says nothing about the key.
-        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
-        key = hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)
-        return bearer or key
+        bearer = bearer_token(headers.get(b"authorization", b""))
+        given = headers.get(b"x-api-key", b"")
+        found = None
+        # Every comparison always runs: how long a refusal takes says nothing about a key.
+        for key, caller in self.keys:
+            if hmac.compare_digest(bearer, key) | hmac.compare_digest(given, key):
+                found = caller
+        return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and path.startswith(PROTECTED) and not self._allowed(scope):
+        caller = self._caller(scope)
+        if scope["type"] == "http" and path.startswith(PROTECTED) and caller is None:
             await _reject(
                 send,
                 scope,
@@ -143,4 +190,89 @@ class ApiKeyMiddleware:
                 "invalid_api_key",
             )
             return
+        token = CALLER.set(caller)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CALLER.reset(token)
+
+
+def host_name(host: str) -> str:
+    """``host`` without its port: ``localhost:8080`` -> ``localhost``, ``[::1]:80`` -> ``[::1]``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class HostMiddleware:
+    """Serve only requests whose ``Host`` names this server (``"*"`` allows any).
+
+    A page on another site that rebinds its DNS name to 127.0.0.1 reaches the server
+    with its own name in ``Host``: it is refused with 421 before any route runs.
+    """
+
+    def __init__(
+        self, app: ASGIApp, allowed: tuple[str, ...], dialects: Dialects | None = None
+    ) -> None:
+        self.app = app
+        self.allowed = frozenset(host_name(h) for h in allowed)
+        self.dialects = dialects or Dialects()
+
+    def _allowed(self, scope: Scope) -> bool:
+        if "*" in self.allowed:
+            return True
+        host = dict(scope.get("headers", ())).get(b"host")
+        return host is not None and host_name(host.decode("latin-1")) in self.allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and not self._allowed(scope):
+            await _reject(
+                send,
+                scope,
+                self.dialects,
+                421,
+                "this server does not answer to that Host name (see tokenbelt serve "
+                "--allowed-host)",
+                "invalid_request_error",
+                "host_not_allowed",
+            )
+            return
         await self.app(scope, receive, send)
+
+
+class RequestIdMiddleware:
+    """Give every answer an ``x-request-id``, whatever answered it.
+
+    The caller's own id (``x-request-id``) is used when ``claim`` accepts it (well-formed
+    and new), else a new one; either way the request goes on carrying that id, so a
+    generation's trace, a refusal (429, 401, 413...) and the answer all name the same id.
+    An answer that sets its own ``x-request-id`` keeps it.
+    """
+
+    def __init__(self, app: ASGIApp, claim: Callable[[str | None], str | None]) -> None:
+        self.app = app
+        self.claim = claim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"x-request-id"]
+        given = dict(scope.get("headers", ())).get(b"x-request-id")
+        request_id = self.claim(given.decode("latin-1") if given else None) or new_request_id()
+        headers.append((b"x-request-id", request_id.encode()))
+
+        async def with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                out = list(message.get("headers", ()))
+                if not any(k.lower() == b"x-request-id" for k, _ in out):
+                    out.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": out}
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app({**scope, "headers": headers}, receive, with_id)
+        finally:
+            REQUEST_ID.reset(token)

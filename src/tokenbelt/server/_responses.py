@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import anyio
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..belt import EndReason
 from ..runtime import Stream
 from ._errors import compact_json
+from ._protocol import ABORT_EXTENSION
 
 #: what a response calls when its client goes away (and whenever it ends, to be sure)
 Stop = Callable[[], object]
@@ -27,6 +28,11 @@ Encode = Callable[[object], bytes]
 def disconnect(stream: Stream) -> Stop:
     """The ``stop`` of a generation: cancel it with ``client_disconnect``."""
     return partial(stream.cancel, EndReason.CLIENT_DISCONNECT)
+
+
+def reader_gone(stream: Stream) -> Stop:
+    """The ``stop`` of a stream whose reader accepts nothing: ``reader_timeout``."""
+    return partial(stream.cancel, EndReason.READER_TIMEOUT)
 
 
 def sse(event: object) -> bytes:
@@ -49,6 +55,16 @@ async def _listen_for_disconnect(receive: Receive, stop: Stop, scope: anyio.Canc
             return
 
 
+class _ReaderGone(Exception):
+    """A write waited longer than the reader timeout."""
+
+
+def _abort(scope: Scope) -> None:
+    connection = scope.get("extensions", {}).get(ABORT_EXTENSION)
+    if connection is not None:
+        connection["abort"]()
+
+
 def _headers(pairs: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs.items()]
 
@@ -60,6 +76,10 @@ class EventStreamResponse:
     and finally the string ``"[DONE]"``; ``ndjson`` with its media type gives one JSON
     object per line. Writing waits for the socket (uvicorn's flow control), so a
     reader that stops reading stops pulling from the belt, which pauses the model.
+
+    With ``reader_timeout``, a write the socket has not taken after that many seconds
+    calls ``gone`` (for a generation: ``reader_timeout``) and closes the connection
+    through the server's ``tokenbelt.connection`` abort extension where it has one.
     """
 
     def __init__(
@@ -70,8 +90,12 @@ class EventStreamResponse:
         *,
         encode: Encode = sse,
         media_type: str = "text/event-stream; charset=utf-8",
+        reader_timeout: float | None = None,
+        gone: Stop | None = None,
     ) -> None:
         self.stop = stop
+        self.gone = gone or stop
+        self.reader_timeout = reader_timeout
         self.events = events
         self.encode = encode
         self.headers = {
@@ -82,9 +106,15 @@ class EventStreamResponse:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed_send(message: Message) -> None:
+            with anyio.move_on_after(self.reader_timeout) as waited:
+                await send(message)
+            if waited.cancelled_caught:
+                raise _ReaderGone
+
         async def write(group: anyio.abc.TaskGroup) -> None:
             try:
-                await send(
+                await timed_send(
                     {
                         "type": "http.response.start",
                         "status": 200,
@@ -92,14 +122,17 @@ class EventStreamResponse:
                     }
                 )
                 async for event in self.events:
-                    await send(
+                    await timed_send(
                         {
                             "type": "http.response.body",
                             "body": self.encode(event),
                             "more_body": True,
                         }
                     )
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await timed_send({"type": "http.response.body", "body": b"", "more_body": False})
+            except _ReaderGone:
+                self.gone()
+                _abort(scope)
             except OSError:
                 self.stop()
             finally:

@@ -21,7 +21,15 @@ from ..belt import EndReason, new_request_id
 from ..engines import GenerationRequest
 from ..runtime import Model, ModelState, Stream
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
-from ._responses import DeferredResponse, Encode, EventStreamResponse, disconnect, sse
+from ._middleware import CALLER, REQUEST_ID
+from ._responses import (
+    DeferredResponse,
+    Encode,
+    EventStreamResponse,
+    disconnect,
+    reader_gone,
+    sse,
+)
 from ._schemas import TokenbeltOptions
 from ._state import ServerState
 
@@ -81,7 +89,10 @@ class RequestPath:
         if self.state.shutting_down:
             raise RuntimeClosed("the server is shutting down")
         settings = self.state.settings
+        # Every API's request goes by the id its answer carries (``RequestIdMiddleware``).
+        request_id = request_id or REQUEST_ID.get()
         request_id = self.state.request_id_from(request_id) or new_request_id()
+        self.state.own(request_id, CALLER.get())
         self.state.metrics.label(request_id, api)
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
@@ -97,13 +108,14 @@ class RequestPath:
             )
         except BaseException:
             self.state.metrics.forget(request_id)
+            self.state.disown(request_id)
             raise
         load_s = float(model.info.get("load_s", 0.0)) if reloading else 0.0
         self.state.track(stream)
         return Submitted(stream, min(load_s, time.monotonic() - started))
 
-    @staticmethod
     def streaming(
+        self,
         stream: Stream,
         events: AsyncIterator[object],
         *,
@@ -113,10 +125,24 @@ class RequestPath:
         also: Sequence[Stream] = (),
     ) -> Response:
         """A streamed body; a client that goes away ends the request ``client_disconnect``
-        (and the requests of the other choices, ``also``, when it asked for several)."""
+        (and the requests of the other choices, ``also``, when it asked for several).
+
+        A client whose socket takes nothing for the server's reader timeout ends it
+        ``reader_timeout`` (and its connection is closed).
+        """
         head = {"x-request-id": stream.request_id, **(headers or {})}
-        stop = disconnect(stream) if not also else _disconnect_all([stream, *also])
-        return Asgi(EventStreamResponse(stop, events, head, encode=encode, media_type=media_type))
+        streams = [stream, *also]
+        return Asgi(
+            EventStreamResponse(
+                _stop_all(streams, disconnect),
+                events,
+                head,
+                encode=encode,
+                media_type=media_type,
+                reader_timeout=self.state.settings.reader_timeout,
+                gone=_stop_all(streams, reader_gone),
+            )
+        )
 
     @staticmethod
     def answer(
@@ -185,13 +211,17 @@ class RequestPath:
             return JSONResponse(render(stream), headers=head)
 
         later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
-        stop = disconnect(stream) if not also else _disconnect_all(streams)
-        return Asgi(DeferredResponse(stop, later))
+        return Asgi(DeferredResponse(_stop_all(streams, disconnect), later))
 
 
-def _disconnect_all(streams: Sequence[Stream]) -> Callable[[], None]:
+def _stop_all(
+    streams: Sequence[Stream], how: Callable[[Stream], Callable[[], object]]
+) -> Callable[[], None]:
+    """One stop for every choice of an answer: ``how`` makes each stream's own."""
+    stops = [how(s) for s in streams]
+
     def stop() -> None:
-        for s in streams:
-            disconnect(s)()
+        for each in stops:
+            each()
 
     return stop

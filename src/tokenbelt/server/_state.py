@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
+from .._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
 from ..belt import Limits, Trace, TraceEvent
 from ..engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
 from ..runtime import Model, ModelState, Runtime, Stream
 from ._metrics import Metrics
+from ._middleware import Caller
 from ._schemas import TokenbeltOptions
 
 logger = logging.getLogger("tokenbelt.server")
@@ -36,10 +37,38 @@ class ServerSettings:
     total_timeout: float | None = None
     stall_timeout: float | None = None
     api_key: str | None = None
+    #: more client keys, each its own caller: a request is read and cancelled only with
+    #: the key that made it (or the admin key)
+    api_keys: tuple[str, ...] = ()
+    #: sees and cancels every request (``GET /v1/requests`` lists them all)
+    admin_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20
     recent_requests: int = 200
     retry_after_s: int = 1
+    #: seconds a stream's socket may accept nothing before it ends ``reader_timeout``
+    reader_timeout: float | None = 30.0
+    #: seconds for a request's head and body to arrive before the connection is closed
+    read_timeout: float | None = 30.0
+    #: Host header values served (any port); anything else is refused (DNS rebinding)
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
+
+    def __post_init__(self) -> None:
+        for key in self.keys():
+            if not key.strip():
+                raise InvalidArgument("an API key is blank: give a key, or none")
+            if key != key.strip():
+                raise InvalidArgument("an API key starts or ends with white space")
+        for name in ("reader_timeout", "read_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InvalidArgument(f"{name} must be > 0 seconds (None: no limit)")
+
+    def keys(self) -> tuple[str, ...]:
+        """Every key the API accepts: the client keys, then the admin key."""
+        keys: tuple[str, ...] = (self.api_key,) if self.api_key is not None else ()
+        keys += self.api_keys
+        return keys + ((self.admin_key,) if self.admin_key is not None else ())
 
     def default_limits(self) -> Limits:
         return Limits(
@@ -92,6 +121,8 @@ class ServerState:
         self._lock = threading.Lock()
         self._active: dict[str, Stream] = {}
         self._recent: collections.OrderedDict[str, Trace] = collections.OrderedDict()
+        #: request id -> the caller (key identity) that made it, for requests made with a key
+        self._owners: dict[str, str] = {}
         self.metrics = Metrics(
             lambda: {name: m.statistics() for name, m in runtime.models.items()},
             lambda: {
@@ -197,7 +228,11 @@ class ServerState:
         return names
 
     def model_for(self, name: str | None) -> Model:
-        """The model a request names (or the default); raises 404/503-mapped errors."""
+        """The model a request names (or the default); raises 404/503-mapped errors.
+
+        Models are named as this server lists them. A path is never looked up on disk:
+        whether a file exists is nothing a client may learn from the answer.
+        """
         models = self.runtime.models
         if name is None or name == "":
             if models:
@@ -209,7 +244,6 @@ class ServerState:
             if failed:
                 raise ModelLoadError(f"model {failed[0].alias} failed to load: {failed[0].error}")
             raise UnknownModel("no model is loaded on this server")
-        name = self.runtime.name_for(name)
         if name in models:
             return models[name]
         status = self.loads.get(name)
@@ -241,10 +275,29 @@ class ServerState:
                 return None
         return given
 
+    def own(self, request_id: str, caller: Caller | None) -> None:
+        """Record that ``caller`` makes ``request_id`` (before it is submitted)."""
+        if caller is not None:
+            with self._lock:
+                self._owners[request_id] = caller.identity
+
+    def disown(self, request_id: str) -> None:
+        """Forget the owner of a request that was refused before it got a trace."""
+        with self._lock:
+            if request_id not in self._recent:
+                self._owners.pop(request_id, None)
+
     def track(self, stream: Stream) -> None:
         with self._lock:
             if stream.trace.released is None:
                 self._active[stream.request_id] = stream
+
+    def visible_to(self, request_id: str, caller: Caller | None) -> bool:
+        """Whether ``caller`` may read or cancel ``request_id`` (None: the API has no keys)."""
+        if caller is None or caller.admin:
+            return True
+        with self._lock:
+            return self._owners.get(request_id) == caller.identity
 
     def _remember(self, event: TraceEvent) -> None:
         trace = event.trace
@@ -252,19 +305,25 @@ class ServerState:
             if event.kind == "enqueued":
                 self._recent[trace.request_id] = trace
                 while len(self._recent) > self.settings.recent_requests:
-                    self._recent.popitem(last=False)
+                    gone, _ = self._recent.popitem(last=False)
+                    self._owners.pop(gone, None)
             elif event.kind == "released":
                 self._active.pop(trace.request_id, None)
 
-    def active(self, request_id: str) -> Stream | None:
+    def active(self, request_id: str, caller: Caller | None = None) -> Stream | None:
+        if not self.visible_to(request_id, caller):
+            return None
         with self._lock:
             return self._active.get(request_id)
 
-    def trace(self, request_id: str) -> Trace | None:
+    def trace(self, request_id: str, caller: Caller | None = None) -> Trace | None:
+        if not self.visible_to(request_id, caller):
+            return None
         with self._lock:
             return self._recent.get(request_id)
 
-    def recent(self, limit: int) -> list[Trace]:
+    def recent(self, limit: int, caller: Caller | None = None) -> list[Trace]:
         with self._lock:
             traces = list(self._recent.values())
+        traces = [t for t in traces if self.visible_to(t.request_id, caller)]
         return traces[-limit:][::-1]
