@@ -101,6 +101,19 @@ def statuses(path: str, operation: dict[str, Any]) -> set[int]:
     return found
 
 
+#: one server-sent event, as clients parse it: each field a line of the event
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+_STREAMED: dict[str, dict[str, Any]] = {"text/event-stream": _SSE_EVENT}
+
+
 def streamed_as(path: str) -> str | None:
     """The media type of ``path``'s streamed 200 (``stream: true``), if it streams."""
     if path in ("/api/chat", "/api/generate", "/api/pull"):
@@ -123,7 +136,8 @@ def _rewrite(document: dict[str, Any]) -> dict[str, Any]:
             streamed = streamed_as(path)
             if streamed is not None and "200" in responses:
                 content = responses["200"].setdefault("content", {})
-                content.setdefault(streamed, {"schema": {"type": "string"}})
+                schema = _STREAMED.get(streamed, {"type": "string"})
+                content.setdefault(streamed, {"schema": schema})
             for status in sorted(statuses(path, operation)):
                 responses.setdefault(
                     str(status),
