@@ -115,7 +115,14 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--first-token-timeout", type=positive_duration, help="seconds (default: no limit)"
     )
-    p.add_argument("--total-timeout", type=positive_duration, help="seconds (default: no limit)")
+    p.add_argument(
+        "--total-timeout",
+        type=duration,
+        default=600.0,
+        help="seconds from enqueue to the end of a request (default 600: the bound on a "
+        "stream whose client reads nothing while its kernel still accepts bytes; a request's "
+        "own tokenbelt.total_timeout overrides it; 0 = no limit)",
+    )
     p.add_argument("--stall-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument("--load-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument(
@@ -272,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
         slots=args.slots,
         queue_size=args.queue_size,
         first_token_timeout=args.first_token_timeout,
-        total_timeout=args.total_timeout,
+        total_timeout=args.total_timeout or None,
         stall_timeout=args.stall_timeout,
         api_key=keys[0] if keys else None,
         api_keys=tuple(keys[1:]),
