@@ -349,21 +349,29 @@ class Model:
         a submit; a pending submit holds it off, and a model unloaded meanwhile is loaded
         again rather than answered "closed".
         """
-        while True:
-            self.ensure_loaded(wait)
+        with self._lock:
+            # Held from before the load: with keep_alive 0 the load's own idle check
+            # would otherwise unload the model before this caller could submit.
+            self._submitting += 1
+        try:
+            while True:
+                self.ensure_loaded(wait)
+                with self._lock:
+                    if self._draining:  # drained while this call was loading it
+                        raise RuntimeClosed(f"model {self.name} is shutting down")
+                    sched = self._scheduler
+                    if sched is None:
+                        if self._state is ModelState.CLOSED:
+                            raise RuntimeClosed(f"model {self.name} is closed")
+                        continue  # unloaded for being idle since ensure_loaded: load again
+                    if self._idle_timer is not None:
+                        self._idle_timer.cancel()
+                        self._idle_timer = None
+                    return sched
+        except BaseException:
             with self._lock:
-                if self._draining:  # drained while this call was loading it
-                    raise RuntimeClosed(f"model {self.name} is shutting down")
-                sched = self._scheduler
-                if sched is None:
-                    if self._state is ModelState.CLOSED:
-                        raise RuntimeClosed(f"model {self.name} is closed")
-                    continue  # unloaded for being idle since ensure_loaded: load again
-                self._submitting += 1
-                if self._idle_timer is not None:
-                    self._idle_timer.cancel()
-                    self._idle_timer = None
-                return sched
+                self._submitting -= 1
+            raise
 
     def stream(
         self,
