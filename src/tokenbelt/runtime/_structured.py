@@ -1,7 +1,9 @@
 """Structured output and tool calls: the prompt format, the grammars and the parsing.
 
-Tool calls use one documented prompt format (the one Hermes and Qwen models are trained
-on), since the embedded model's chat template has no tool format of its own:
+A model whose chat template renders tools itself (``Model.template_tools``) gets them
+through it (``render_messages(..., template_tools=True)`` and ``tools_json``). Otherwise,
+as for the embedded model, whose template has no tool format of its own, tool calls use
+one documented prompt format (the one Hermes and Qwen models are trained on):
 
 - the tools are described in the system message, inside ``<tools></tools>``, one
   OpenAI-shaped function per line;
@@ -9,6 +11,8 @@ on), since the embedded model's chat template has no tool format of its own:
   every call parse and its arguments match the function's JSON schema;
 - an assistant turn that called tools is rendered as its text followed by its calls, and
   a tool's result as a user turn ``<tool_response>...</tool_response>``.
+
+Either way a call is the ``<tool_call>`` JSON above, which the grammar enforces.
 
 ``tool_choice``: ``none`` describes no tools and constrains nothing; ``required`` and a
 named function constrain the whole reply to one call; ``auto`` leaves the text free
