@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from gguf import GGUFReader
 
 from tokenbelt.belt import invariants
+from tokenbelt.models import default_model_path
 
 # Every trace event of every test is checked against the timeline's invariants.
 invariants.enable()
@@ -102,3 +105,64 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("anyio") is not None and isinstance(item, pytest.Function):
             item.fixturenames.append("no_leaked_tasks")
+
+
+#: a small Hermes-style chat template that renders ``tools`` into the system turn
+TOOLS_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}# Tools
+
+You may call one or more functions to assist with the user query.
+
+Function signatures are within <tools></tools> XML tags:
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools>
+
+Return each call within <tool_call></tool_call> XML tags.<|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.tool_calls %}<|im_start|>assistant
+{{ message.content }}{% for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def with_template(source: Path, target: Path, template: str) -> None:
+    """Copy a GGUF file with its ``tokenizer.chat_template`` value replaced."""
+    reader = GGUFReader(str(source))
+    field = reader.fields["tokenizer.chat_template"]
+    start = field.offset
+    end = start + sum(part.nbytes for part in field.parts)
+    last = reader.tensors[-1].field
+    infos_end = last.offset + sum(part.nbytes for part in last.parts)
+    key = b"tokenizer.chat_template"
+    value = template.encode("utf-8")
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
+    raw = source.read_bytes()
+    header = raw[:start] + kv + raw[end:infos_end]
+    header += b"\0" * (-len(header) % reader.alignment)
+    target.write_bytes(header + raw[reader.data_offset :])
+
+
+@pytest.fixture(scope="session")
+def tool_template_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model with ``TOOLS_TEMPLATE`` as its chat template (a GGUF copy)."""
+    path = tmp_path_factory.mktemp("gguf") / "smollm2-tools.gguf"
+    with_template(Path(default_model_path()), path, TOOLS_TEMPLATE)
+    return path

@@ -141,6 +141,13 @@ def model() -> Iterator[Model]:
 
 
 @pytest.mark.model
+def test_the_embedded_models_template_has_no_tools_so_the_documented_format_is_used(
+    model: Model,
+) -> None:
+    assert not model.template_tools
+
+
+@pytest.mark.model
 def test_send_with_a_pydantic_schema_returns_the_object(model: Model) -> None:
     with model.chat() as chat:
         reply = chat.send("Describe a baker.", schema=Person, max_tokens=120, seed=1)

@@ -31,6 +31,11 @@ class Message(TypedDict):
     role: str
     content: str
     name: NotRequired[str]
+    #: an assistant turn's calls, for a chat template that renders tools: OpenAI-shaped
+    #: ``{"id", "type", "function": {"name", "arguments"}}`` with the arguments an object
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    #: a ``tool`` turn's call, for a chat template that renders tools
+    tool_call_id: NotRequired[str]
 
 
 #: the roles a chat message may have (the HTTP surface maps ``developer`` to ``system``)
@@ -237,6 +242,9 @@ class GenerationRequest:
     between its turns; requests of other conversations never see that state.
     ``grammar`` constrains sampling (structured output, tool calls); an engine that
     cannot apply it refuses the request with ``InvalidArgument`` before any compute.
+    ``tools`` (JSON text of a list of OpenAI-shaped tools; text so that a request stays
+    cheap to pickle) goes to a chat template that renders tools (``template_tools`` on
+    the engine); other engines ignore it, the tools being described in the messages.
     """
 
     messages: tuple[Message, ...] | None = None
@@ -244,10 +252,13 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     conversation_id: str | None = None
     grammar: Grammar | None = None
+    tools: str | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise InvalidArgument("give either messages or a prompt")
+        if self.tools is not None and self.messages is None:
+            raise InvalidArgument("tools go with chat messages, not a raw prompt")
         if isinstance(self.messages, str):
             raise InvalidArgument(
                 "messages is a list of {'role': ..., 'content': ...} dicts, not a string; "

@@ -56,6 +56,7 @@ from ._llama import (
     _StopMatcher,
     chat_formatter,
     prompt_tokens,
+    template_tools,
 )
 from ._loading import check_gguf_file, load_with_deadline
 from ._threads import (
@@ -281,6 +282,8 @@ class BatchEngine:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self._formatter = chat_formatter(self._model)
+        #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
+        self.template_tools = template_tools(self._formatter)
         # The abort hook reads this flag natively; the loop clears it before each step.
         self._flag = ctypes.create_string_buffer(2)
         self._abort_callback = _flag_abort_callback()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import atexit
 import codecs
 import ctypes
+import functools
+import json
 import logging
 import random
 import threading
@@ -100,9 +102,28 @@ def chat_formatter(model: Any) -> Any:
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _template_tools(template: str) -> bool:
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False
+
+
+def template_tools(formatter: Any) -> bool:
+    """Whether a chat formatter's template renders tools itself (its Jinja source reads
+    the ``tools`` variable, as Qwen2.5 and Hermes templates do)."""
+    template = getattr(formatter, "template", None)
+    return isinstance(template, str) and _template_tools(template)
+
+
 def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: str) -> list[int]:
     """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
-    (the GGUF's template). ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
+    (the GGUF's template), with the request's tools when the template renders them.
+    ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
 
     def tokenize(text: str, *, add_bos: bool, special: bool) -> list[int]:
         return list(model.tokenize(text.encode("utf-8"), add_bos, special))
@@ -111,8 +132,9 @@ def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: 
         return tokenize(request.prompt, add_bos=True, special=False)
     if formatter is None:
         raise DecodeError(f"{name} has no chat template; send a raw prompt instead")
+    tools = json.loads(request.tools) if request.tools and template_tools(formatter) else None
     try:
-        result = formatter(messages=list(request.messages or ()))
+        result = formatter(messages=list(request.messages or ()), tools=tools)
     except Exception as exc:
         raise DecodeError(f"the chat template failed: {exc}") from exc
     return tokenize(result.prompt, add_bos=not result.added_special, special=True)
@@ -199,6 +221,8 @@ class LlamaEngine:
         self._conversation: str | None = None
         self._closed = False
         self._formatter = chat_formatter(self._llm._model)
+        #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
+        self.template_tools = template_tools(self._formatter)
 
     @classmethod
     def load(

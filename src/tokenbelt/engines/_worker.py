@@ -59,7 +59,7 @@ from .._errors import (
 from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
 from ._batch import BatchStatistics, _Caller, check_request
-from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens
+from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens, template_tools
 from ._loading import check_gguf_file
 
 logger = logging.getLogger("tokenbelt.engines.worker")
@@ -252,6 +252,8 @@ class WorkerEngine:
         self._numbers = itertools.count(1)
         self._current: _Process
         self._vocab, self._formatter = self._load_vocab()
+        #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
+        self.template_tools = template_tools(self._formatter)
         crash_point = os.environ.get(ABORT_ENV) or None
         try:
             first = self._spawn(crash_point)

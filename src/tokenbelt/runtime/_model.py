@@ -23,7 +23,7 @@ from ..belt import (
 from ..engines import Engine, GenerationRequest, Message, SamplingParams
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._stream import Reply, Stream
-from ._structured import Structure, render_messages, structure
+from ._structured import Structure, render_messages, structure, tools_json
 
 if TYPE_CHECKING:
     from ._session import ChatSession
@@ -122,6 +122,7 @@ class Model:
         #: set by ``drain()``: new requests are refused (the model is shutting down)
         self._draining = False
         self._context_length = 0
+        self._template_tools = False
         self.loaded_at: float | None = None
         self._load()
 
@@ -149,6 +150,7 @@ class Model:
             self._scheduler = Scheduler(engines, queue_size=self.queue_size, on_idle=self._arm_idle)
             # Remembered for while the model is unloaded for being idle.
             self._context_length = engines[0].context_length if engines else 0
+            self._template_tools = bool(engines and getattr(engines[0], "template_tools", False))
             self._state = ModelState.READY
             self._changed.notify_all()
         self.loaded_at = time.monotonic()
@@ -169,6 +171,13 @@ class Model:
         if engines:
             return engines[0].context_length
         return self._context_length or int(self.info.get("context_length", 0))
+
+    @property
+    def template_tools(self) -> bool:
+        """Whether the model's chat template renders tools itself (then a tools request
+        passes them to it); otherwise the documented ``<tools>`` system text describes
+        them. Kept while the model is unloaded for being idle."""
+        return self._template_tools
 
     def statistics(self) -> SchedulerStatistics:
         if self._scheduler is None:
@@ -396,13 +405,17 @@ class Model:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         shape = structure(schema, tools, tool_choice)
+        tools_text = None
         if shape is not None and shape.tools and messages is not None:
-            messages = render_messages(messages, shape.tools, shape.choice)
+            own = self.template_tools
+            messages = render_messages(messages, shape.tools, shape.choice, own)
+            tools_text = tools_json(shape.tools, shape.choice, own)
         request = GenerationRequest(
             messages=None if messages is None else tuple(messages),
             prompt=prompt,
             sampling=sampling_from(sampling),
             grammar=shape.grammar if shape else None,
+            tools=tools_text,
         )
         return self.submit(request, limits=limits, capacity=capacity, structure=shape)
 

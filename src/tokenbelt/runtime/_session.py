@@ -10,7 +10,7 @@ from .._errors import IllegalState, InvalidArgument
 from ..belt import Limits
 from ..engines import GenerationRequest, Message
 from ._stream import Reply, Stream
-from ._structured import render_messages, structure
+from ._structured import render_messages, structure, tools_json
 
 if TYPE_CHECKING:
     from ._model import Model
@@ -78,18 +78,22 @@ class ChatSession:
         with self._lock:
             if self._active is not None and self._active.end_reason is None:
                 raise IllegalState("the previous turn is still running; cancel or finish it")
+            own = self.model.template_tools
             user: Message = {"role": "user", "content": text}
             if tool_call_id is not None:
                 turn = {"role": "tool", "content": text, "tool_call_id": tool_call_id}
-                user = render_messages([turn], (), "none")[0]
+                user = render_messages([turn], (), "none", own)[0]
             messages: tuple[Message, ...] = (*self.messages, user)
+            tools_text = None
             if shape is not None and shape.tools:
-                messages = render_messages(messages, shape.tools, shape.choice)
+                messages = render_messages(messages, shape.tools, shape.choice, own)
+                tools_text = tools_json(shape.tools, shape.choice, own)
             request = GenerationRequest(
                 messages=messages,
                 sampling=sampling_from(sampling, self._defaults),
                 conversation_id=self.conversation_id,
                 grammar=shape.grammar if shape else None,
+                tools=tools_text,
             )
         stream = self.model.submit(
             request,

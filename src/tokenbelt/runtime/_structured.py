@@ -1,7 +1,9 @@
 """Structured output and tool calls: the prompt format, the grammars and the parsing.
 
-Tool calls use one documented prompt format (the one Hermes and Qwen models are trained
-on), since the embedded model's chat template has no tool format of its own:
+A model whose chat template renders tools itself (``Model.template_tools``) gets them
+through it (``render_messages(..., template_tools=True)`` and ``tools_json``). Otherwise,
+as for the embedded model, whose template has no tool format of its own, tool calls use
+one documented prompt format (the one Hermes and Qwen models are trained on):
 
 - the tools are described in the system message, inside ``<tools></tools>``, one
   OpenAI-shaped function per line;
@@ -9,6 +11,8 @@ on), since the embedded model's chat template has no tool format of its own:
   every call parse and its arguments match the function's JSON schema;
 - an assistant turn that called tools is rendered as its text followed by its calls, and
   a tool's result as a user turn ``<tool_response>...</tool_response>``.
+
+Either way a call is the ``<tool_call>`` JSON above, which the grammar enforces.
 
 ``tool_choice``: ``none`` describes no tools and constrains nothing; ``required`` and a
 named function constrain the whole reply to one call; ``auto`` leaves the text free
@@ -167,31 +171,64 @@ def render_call(call: ToolCall) -> str:
 
 
 def render_messages(
-    messages: Iterable[Mapping[str, Any]], tools: Sequence[Tool], choice: str
+    messages: Iterable[Mapping[str, Any]],
+    tools: Sequence[Tool],
+    choice: str,
+    template_tools: bool = False,
 ) -> tuple[Message, ...]:
-    """OpenAI-shaped messages as the plain turns the chat template takes.
+    """OpenAI-shaped messages as the turns the chat template takes.
 
-    Assistant turns with ``tool_calls`` carry their calls in the text, ``tool`` turns
-    become ``<tool_response>`` user turns, and the tools join the system message.
+    By default (the documented format) assistant turns with ``tool_calls`` carry their
+    calls in the text, ``tool`` turns become ``<tool_response>`` user turns, and the
+    tools join the system message. With ``template_tools`` (the model's chat template
+    renders tools itself, given them as ``tools_json``), calls stay ``tool_calls`` with
+    their arguments as objects, ``tool`` turns stay ``tool`` turns, and no text is added.
     """
     out: list[Message] = []
     for m in messages:
         role = m.get("role")
         content = m.get("content") or ""
+        calls = [_call_from(c) for c in m.get("tool_calls") or ()]
+        if template_tools:
+            turn: Message = {"role": str(role), "content": str(content)}
+            if calls:
+                turn["tool_calls"] = [_template_call(c) for c in calls]
+            if role == "tool" and m.get("tool_call_id") is not None:
+                turn["tool_call_id"] = str(m["tool_call_id"])
+            out.append(turn)
+            continue
         if role == "tool":
             out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
             continue
-        calls = m.get("tool_calls") or ()
         if calls:
-            content = content + "".join(render_call(_call_from(c)) for c in calls)
+            content = content + "".join(render_call(c) for c in calls)
         out.append({"role": str(role), "content": str(content)})
-    if tools and choice != "none":
+    if tools and choice != "none" and not template_tools:
         text = tools_prompt(tools, choice)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}"}
         else:
             out.insert(0, {"role": "system", "content": text})
     return tuple(out)
+
+
+def _template_call(call: ToolCall) -> dict[str, Any]:
+    """A call as chat templates take it: the arguments an object (text if not JSON)."""
+    try:
+        args = call.args
+    except ValueError:
+        args = call.arguments
+    fn = {"name": call.name, "arguments": args}
+    return {"id": call.id, "type": "function", "function": fn}
+
+
+def tools_json(tools: Sequence[Tool], choice: str, template_tools: bool) -> str | None:
+    """The request's ``tools`` for a chat template that renders them (None otherwise,
+    and for ``none``): the tools ``choice`` allows, OpenAI-shaped, as JSON text."""
+    if not template_tools or choice == "none" or not tools:
+        return None
+    chosen = [t for t in tools if choice in ("auto", "required") or t.name == choice]
+    return json.dumps([t.to_openai() for t in chosen], ensure_ascii=False)
 
 
 def _call_from(c: object) -> ToolCall:

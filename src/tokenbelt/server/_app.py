@@ -431,10 +431,15 @@ def create_app(
     ) -> Response:
         model = state.model_for(body.model)
         messages = messages_for(body.messages, model.name)
-        plan = _tools.plan(messages, body.response_format, body.tools, body.tool_choice)
+        plan = _tools.plan(
+            messages, body.response_format, body.tools, body.tool_choice, model.template_tools
+        )
         requests = [
             GenerationRequest(
-                messages=plan.messages, sampling=_sampling_for(body, i), grammar=plan.grammar
+                messages=plan.messages,
+                sampling=_sampling_for(body, i),
+                grammar=plan.grammar,
+                tools=plan.tools_json,
             )
             for i in range(body.n)
         ]

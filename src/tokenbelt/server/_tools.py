@@ -29,6 +29,7 @@ from ..runtime._structured import (
     render_messages,
     tools_from,
     tools_grammar,
+    tools_json,
 )
 from ._errors import UnsupportedParameter
 
@@ -101,6 +102,8 @@ class Plan:
     tools: tuple[Tool, ...] = ()
     choice: str = "none"
     calls: list[ToolCall] = field(default_factory=list)
+    #: the request's ``tools`` for a chat template that renders them (JSON text)
+    tools_json: str | None = None
 
     @property
     def with_tools(self) -> bool:
@@ -121,9 +124,11 @@ def plan(
     response_format: ResponseFormat | None,
     tools: list[ToolSpec] | None,
     tool_choice: ToolChoice | None,
+    template_tools: bool = False,
 ) -> Plan:
     """Turns, grammar and tools for a request; ``UnsupportedParameter`` (400) if the
-    schema cannot be compiled, before any compute."""
+    schema cannot be compiled, before any compute. ``template_tools``: the model's chat
+    template renders tools itself, so they go to it rather than into the system text."""
     try:
         found = tools_from(t.model_dump(exclude_none=True) for t in tools or ())
     except InvalidArgument as exc:
@@ -138,7 +143,12 @@ def plan(
         raise UnsupportedParameter(
             "response_format", "use either a JSON response_format or tools, not both"
         )
-    result = Plan(render_messages(messages, found, choice), tools=found, choice=choice)
+    result = Plan(
+        render_messages(messages, found, choice, template_tools),
+        tools=found,
+        choice=choice,
+        tools_json=tools_json(found, choice, template_tools),
+    )
     try:
         if fmt == "json_object":
             result.grammar = json_object_grammar()
