@@ -26,19 +26,8 @@ from tokenbelt.runtime._structured import (
     render_messages,
     tools_from,
 )
+from tooling import WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 32}},
-            "required": ["city"],
-        },
-    },
-}
 TOOLS = tools_from([WEATHER])
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris {1}"} }</tool_call>'
 

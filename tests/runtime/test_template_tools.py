@@ -19,19 +19,7 @@ from tokenbelt import Model, Runtime
 from tokenbelt.engines import GenerationRequest
 from tokenbelt.engines._llama import template_tools
 from tokenbelt.runtime._structured import render_messages, tools_from, tools_json
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 32}},
-            "required": ["city"],
-        },
-    },
-}
+from tooling import WEATHER
 
 #: what the template (``tests/conftest.py``) says of the tools; the documented text does not
 OWN_WORDS = "# Tools\n\nYou may call one or more functions to assist with the user query."

@@ -13,21 +13,9 @@ import openai
 import pytest
 
 from tokenbelt import Runtime
+from tooling import WEATHER
 
 from .conftest import NET, Served, ServeFactory
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 32}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 @pytest.fixture
