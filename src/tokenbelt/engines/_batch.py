@@ -394,16 +394,7 @@ class BatchEngine:
         release, so the loop only reports them here. Returns ``stop``/``length``,
         raises ``Cancelled`` after a stop and the engine's error after a failure.
         """
-        from .._errors import Cancelled
-
-        caller = _Caller(producer)
-        self.start(request, caller)
-        caller.done.wait()
-        if caller.error is not None:
-            raise caller.error
-        if caller.reason is not None:
-            return caller.reason
-        raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+        return run_to_end(self.start, request, producer)
 
     def _on_cancel(self, seq: _Seq) -> None:
         """On the cancelling thread: mark the sequence, abort the step if that is all it
@@ -913,6 +904,24 @@ class BatchEngine:
         lib.llama_batch_free(self._batch)
         self._ctx.close()
         self._model.close()
+
+
+def run_to_end(
+    start: Callable[..., None], request: GenerationRequest, producer: Producer[str]
+) -> EndReason:
+    """``generate`` for an engine that only has ``start`` (batch, worker, remote): start
+    the request with a ``_Caller`` and block until the engine let go of it. Returns
+    ``stop``/``length``; raises the engine's error, or ``Cancelled`` after a stop."""
+    from .._errors import Cancelled
+
+    caller = _Caller(producer)
+    start(request, caller)
+    caller.done.wait()
+    if caller.error is not None:
+        raise caller.error
+    if caller.reason is not None:
+        return caller.reason
+    raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
 
 
 class _Caller(Producer[str]):

@@ -185,16 +185,9 @@ class RemoteEngine:
 
     def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
         """Blocking: one request, for a caller that wraps the engine in ``belt.produce``."""
-        from ._batch import _Caller
+        from ._batch import run_to_end
 
-        caller = _Caller(producer)
-        self.start(request, caller)
-        caller.done.wait()
-        if caller.error is not None:
-            raise caller.error
-        if caller.reason is not None:
-            return caller.reason
-        raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+        return run_to_end(self.start, request, producer)
 
     def upstreams(self) -> list[UpstreamStatistics]:
         """A snapshot of every upstream's counters (any thread)."""

@@ -58,7 +58,7 @@ from .._errors import (
 )
 from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
-from ._batch import BatchStatistics, _Caller, check_request
+from ._batch import BatchStatistics, check_request, run_to_end
 from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens, template_tools
 from ._loading import check_gguf_file
 
@@ -644,14 +644,7 @@ class WorkerEngine:
 
     def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
         """Blocking: run one request, as a thread engine does (see ``BatchEngine.generate``)."""
-        caller = _Caller(producer)
-        self.start(request, caller)
-        caller.done.wait()
-        if caller.error is not None:
-            raise caller.error
-        if caller.reason is not None:
-            return caller.reason
-        raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+        return run_to_end(self.start, request, producer)
 
     # -- the supervisor ----------------------------------------------------------------------
 
