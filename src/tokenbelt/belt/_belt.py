@@ -119,10 +119,7 @@ class Belt(Generic[T]):
     @property
     def cancelled(self) -> bool:
         """True once the belt ended for any reason the producer did not choose."""
-        reason = self._reason
-        return (
-            reason is not None and not reason.is_natural and reason is not EndReason.RUNTIME_ERROR
-        )
+        return self._reason is not None and self._reason.is_cancel
 
     @property
     def released(self) -> bool:

@@ -42,6 +42,12 @@ class EndReason(enum.StrEnum):
         return self in (EndReason.STOP, EndReason.LENGTH)
 
     @property
+    def is_cancel(self) -> bool:
+        """True for ends the producer did not choose: a stop, a deadline, shutdown
+        (neither a natural end nor the engine's own ``runtime_error``)."""
+        return not self.is_natural and self is not EndReason.RUNTIME_ERROR
+
+    @property
     def is_timeout(self) -> bool:
         """True for the deadline reasons."""
         return self in _TIMEOUTS

@@ -103,10 +103,7 @@ class _Forward(Producer[Any]):
 
     @property
     def cancelled(self) -> bool:
-        reason = self._reason
-        return (
-            reason is not None and not reason.is_natural and reason is not EndReason.RUNTIME_ERROR
-        )
+        return self._reason is not None and self._reason.is_cancel
 
     @property
     def end_reason(self) -> EndReason | None:
