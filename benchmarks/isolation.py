@@ -1,27 +1,30 @@
 """The price of the fault boundary: the engine in this process against a worker process.
 
 The same SDK calls on the embedded default model, greedy, one slot, the prefix cache off
-(every prompt computed), once with ``Runtime(isolation="thread")`` and once with
-``Runtime(isolation="process")``:
+(every prompt computed), through ``Runtime(isolation="thread")`` and through
+``Runtime(isolation="process")``. Each side lives in a process of its own for the whole
+run (one OpenMP team per process, as in real use: see ``benchmarks/batch.py``), and the
+driver asks them in turn, so every measurement through the worker has an in-process twin
+taken right before or right after it (the order alternates); slow drift in the machine's
+load cancels out of the pair:
 
 - ``stream_ratio_process``: decode rate (first to last token, as the reader sees them)
-  through the worker over in-process (target >= 0.97);
-- ``ttft_overhead_process_ms``: median time to first token through the worker minus
-  in-process (target <= 5 ms);
+  through the worker over in-process, the median over pairs (target >= 0.97);
+- ``ttft_overhead_process_ms``: time to first token through the worker minus in-process,
+  the median over pairs (target <= 5 ms); ``admit_overhead_process_ms`` is the part of it
+  from enqueue to admission, where the boundary's own cost shows without the prefill's
+  spread;
 - ``cancel_release_process_p95_ms``: a stop at a random point in decode, and one a random
   moment into a ~1,000-token prefill; trace cancel-to-release, p95, through the worker
   (target: each within one decode step + 5 ms of in-process; ``step_ms`` is the step);
 - ``restart_s``: the worker is killed (``SIGKILL``) mid-stream; from the kill to the first
-  token of the next request (the restart and the load included);
+  token of the next request (the restart and the load included), median;
 - ``kill_release_ms``: a hung worker (``SIGSTOP``) and a stop; from the stop to the
   release, which comes when the worker is killed at the end of ``stop_grace`` (target:
-  the grace + a small constant).
+  the grace + a small constant), median.
 
-Each side runs in a process of its own (one OpenMP team per process, as in real use:
-see ``benchmarks/batch.py``), rounds alternate thread/process, medians over ``--rounds``.
-
-Run: ``.venv/bin/python benchmarks/isolation.py [--rounds N] [--tokens N] [--cancels N]
-[--json]``.
+Run: ``.venv/bin/python benchmarks/isolation.py [--trials N] [--tokens N] [--cancels N]
+[--restarts N] [--json]``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ LONG_PROMPT = " ".join(_WORDS[i % len(_WORDS)] for i in range(1000))
 #: the stop grace of the hung-worker measurement
 GRACE_S = 1.0
 SIDES = ("thread", "process")
+PHASES = ("decode", "prefill")
+TARGET_RATIO = 0.97
+TARGET_TTFT_MS = 5.0
 
 
 def _p95(values: list[float]) -> float:
@@ -60,13 +66,21 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
-def stream_once(model: Model, tokens: int) -> tuple[float, float]:
-    """(decode tok/s, time to first token in ms) of one greedy stream read to its end."""
+# -- one side, in a process of its own -------------------------------------------------------
+
+
+def stream_once(model: Model, tokens: int) -> dict[str, float]:
+    """Decode tok/s, time to first token and enqueue-to-admission of one greedy stream."""
     reply = model.complete(SEA, max_tokens=tokens, temperature=0.0)
     trace = reply.trace
     assert trace.decode_rate is not None
     assert trace.time_to_first_token is not None
-    return trace.decode_rate, trace.time_to_first_token * 1000
+    assert trace.admitted is not None
+    return {
+        "tok_s": trace.decode_rate,
+        "ttft_ms": trace.time_to_first_token * 1000,
+        "admit_ms": (trace.admitted - trace.enqueued) * 1000,
+    }
 
 
 def cancel_in_decode(model: Model, rng: random.Random) -> float:
@@ -122,62 +136,128 @@ def kill_release_once(model: Model) -> float:
     return (stream.trace.cancel_to_release or 0.0) * 1000
 
 
-def side(isolation: str, tokens: int, cancels: int, seed: int) -> dict[str, Any]:
-    """One round of one side, in this process."""
+def serve_side(isolation: str, seed: int) -> None:
+    """Load once, then answer the driver's commands (one JSON line each) until EOF."""
     rng = random.Random(seed)
-    out: dict[str, Any] = {}
     with Runtime(
         isolation=isolation, keep_alive=None, n_ctx=2048, prefix_cache=False, stop_grace=GRACE_S
     ) as rt:
         model = rt.load(str(default_model_path()))
-        stream_once(model, 16)  # warm up: page the weights in, let the thread tuner look
-        rates, ttfts = zip(*(stream_once(model, tokens) for _ in range(2)), strict=True)
-        out["tok_s"] = statistics.median(rates)
-        out["ttft_ms"] = statistics.median(ttfts)
-        out["decode"] = [cancel_in_decode(model, rng) for _ in range(cancels)]
-        out["prefill"] = [cancel_in_prefill(model, rng) for _ in range(cancels)]
-        if isolation == "process":
-            out["restart_s"] = restart_once(model)
-            out["kill_release_ms"] = kill_release_once(model)
+        for _ in range(3):  # warm up: the thread tuner tries each count once
+            stream_once(model, 16)
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            op, arg = json.loads(line)
+            result: Any
+            if op == "stream":
+                result = stream_once(model, arg)
+            elif op == "decode":
+                result = cancel_in_decode(model, rng)
+            elif op == "prefill":
+                result = cancel_in_prefill(model, rng)
+            elif op == "restart":
+                result = restart_once(model)
+            else:
+                result = kill_release_once(model)
+            print(json.dumps(result), flush=True)
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+class Side:
+    def __init__(self, isolation: str, seed: int) -> None:
+        cmd = [sys.executable, __file__, "--side", isolation, "--seed", str(seed)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, op: str, arg: Any = None) -> Any:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([op, arg]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {op} side ended early (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def _pairs(sides: dict[str, Side], op: str, arg: Any, n: int) -> list[tuple[Any, Any]]:
+    """``n`` (thread, process) results, taken back to back, the order alternating."""
+    out = []
+    for i in range(n):
+        got = {}
+        for isolation in SIDES if i % 2 == 0 else tuple(reversed(SIDES)):
+            got[isolation] = sides[isolation].ask(op, arg)
+        out.append((got["thread"], got["process"]))
     return out
 
 
-def _side(isolation: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--side", isolation, "--tokens", str(args.tokens)]
-    cmd += ["--cancels", str(args.cancels), "--seed", str(seed)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in SIDES}
-    for i in range(args.rounds):
-        for isolation in SIDES if i % 2 == 0 else tuple(reversed(SIDES)):
-            rounds[isolation].append(_side(isolation, args, seed=i))
-    out: dict[str, Any] = {"tokens": args.tokens, "rounds": args.rounds, "stop_grace_s": GRACE_S}
-    for isolation, results in rounds.items():
-        out[f"tok_s_{isolation}"] = round(statistics.median(r["tok_s"] for r in results), 2)
-        out[f"ttft_{isolation}_ms"] = round(statistics.median(r["ttft_ms"] for r in results), 2)
+    # One after the other: a side that loads while the other warms up would teach its
+    # thread tuner what a busy machine looks like.
+    sides: dict[str, Side] = {}
+    try:
+        for isolation in SIDES:
+            side = sides[isolation] = Side(isolation, seed=1)
+            assert side.proc.stdout is not None
+            if not side.proc.stdout.readline():
+                raise RuntimeError(f"the {isolation} side failed to load the model")
+        streams = _pairs(sides, "stream", args.tokens, args.trials)
+        cancels = {phase: _pairs(sides, phase, None, args.cancels) for phase in PHASES}
+        restarts = [sides["process"].ask("restart") for _ in range(args.restarts)]
+        kills = [sides["process"].ask("kill_release") for _ in range(args.restarts)]
+    finally:
+        for side in sides.values():
+            side.close()
+    out: dict[str, Any] = {
+        "tokens": args.tokens,
+        "trials": args.trials,
+        "cancels": args.cancels,
+        "stop_grace_s": GRACE_S,
+    }
+    for i, isolation in enumerate(SIDES):
+        for key in ("tok_s", "ttft_ms", "admit_ms"):
+            name = f"{key[:-3]}_{isolation}_ms" if key.endswith("_ms") else f"{key}_{isolation}"
+            out[name] = round(statistics.median(pair[i][key] for pair in streams), 2)
         out[f"cancel_release_{isolation}_p95_ms"] = {
-            phase: round(_p95([v for r in results for v in r[phase]]), 2)
-            for phase in ("decode", "prefill")
+            phase: round(_p95([pair[i] for pair in pairs]), 2) for phase, pairs in cancels.items()
         }
     out["step_ms"] = round(1000 / out["tok_s_thread"], 2)
-    out["stream_ratio_process"] = round(out["tok_s_process"] / out["tok_s_thread"], 3)
-    out["ttft_overhead_process_ms"] = round(out["ttft_process_ms"] - out["ttft_thread_ms"], 2)
-    out["restart_s"] = round(statistics.median(r["restart_s"] for r in rounds["process"]), 3)
-    out["kill_release_ms"] = round(
-        statistics.median(r["kill_release_ms"] for r in rounds["process"]), 1
+    out["stream_ratio_process"] = round(
+        statistics.median(p["tok_s"] / t["tok_s"] for t, p in streams), 3
     )
+    for key in ("ttft", "admit"):
+        out[f"{key}_overhead_process_ms"] = round(
+            statistics.median(p[f"{key}_ms"] - t[f"{key}_ms"] for t, p in streams), 2
+        )
+    out["restart_s"] = round(statistics.median(restarts), 3)
+    out["kill_release_ms"] = round(statistics.median(kills), 1)
+    out["targets_met"] = {
+        "stream_ratio_process": out["stream_ratio_process"] >= TARGET_RATIO,
+        "ttft_overhead_process_ms": out["ttft_overhead_process_ms"] <= TARGET_TTFT_MS,
+        "cancel_release_process_p95_ms": all(
+            out["cancel_release_process_p95_ms"][phase]
+            <= out["cancel_release_thread_p95_ms"][phase] + out["step_ms"] + 5
+            for phase in PHASES
+        ),
+    }
     return out
 
 
 def print_table(r: dict[str, Any]) -> None:
     print(f"{'':>28} {'thread':>10} {'process':>10}")
-    for label, key in (("decode tok/s", "tok_s_{}"), ("time to first token ms", "ttft_{}_ms")):
+    for label, key in (
+        ("decode tok/s", "tok_s_{}"),
+        ("time to first token ms", "ttft_{}_ms"),
+        ("enqueue->admitted ms", "admit_{}_ms"),
+    ):
         print(f"{label:>28} {r[key.format('thread')]:>10} {r[key.format('process')]:>10}")
-    for phase in ("decode", "prefill"):
+    for phase in PHASES:
         label = f"cancel->release p95 {phase} ms"
         thread = r["cancel_release_thread_p95_ms"][phase]
         process = r["cancel_release_process_p95_ms"][phase]
@@ -185,28 +265,31 @@ def print_table(r: dict[str, Any]) -> None:
     for key in (
         "stream_ratio_process",
         "ttft_overhead_process_ms",
+        "admit_overhead_process_ms",
         "step_ms",
         "restart_s",
         "kill_release_ms",
         "stop_grace_s",
+        "targets_met",
     ):
         print(f"{key:>28}: {r[key]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="thread/process pairs")
+    parser.add_argument("--trials", type=int, default=15, help="thread/process stream pairs")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per timed stream")
-    parser.add_argument("--cancels", type=int, default=10, help="stops per phase per round")
+    parser.add_argument("--cancels", type=int, default=20, help="stop pairs per phase")
+    parser.add_argument("--restarts", type=int, default=3, help="kills and hung workers")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.tokens < 2 or args.cancels < 1:
-        parser.error("--rounds and --cancels must be >= 1, --tokens >= 2")
-    if args.side is not None:  # one side's round, in a process of its own
-        print(json.dumps(side(args.side, args.tokens, args.cancels, args.seed)))
+    if args.side is not None:  # one side, in a process of its own
+        serve_side(args.side, args.seed)
         return 0
+    if min(args.trials, args.cancels, args.restarts) < 1 or args.tokens < 2:
+        parser.error("--trials, --cancels and --restarts must be >= 1, --tokens >= 2")
     result = run(args)
     if args.json:
         print(json.dumps(result))

@@ -348,3 +348,28 @@ def test_a_prompt_is_templated_and_tokenized_once(
     reply = model.stream(HELLO, max_tokens=2, **GREEDY).read()
     assert reply.end_reason.is_natural
     assert len(calls) == 1
+
+
+def test_the_warm_up_step_runs_on_the_loop_thread_and_leaves_no_cells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Load ends with one throwaway step, taken by the thread that runs every later step
+    (a second OpenMP team in the process would throttle the loop's), and the context
+    it leaves holds nothing."""
+    import llama_cpp
+
+    seen: list[str] = []
+    warm_up = BatchEngine._warm_up
+
+    def recording(self: BatchEngine) -> None:
+        seen.append(threading.current_thread().name)
+        warm_up(self)
+
+    monkeypatch.setattr(BatchEngine, "_warm_up", recording)
+    engine = BatchEngine(default_model_path(), slots=1, n_ctx=256, cache_entries=0)
+    try:
+        assert seen == [engine._thread.name]
+        assert llama_cpp.llama_memory_seq_pos_max(engine._mem, 0) == -1
+        assert engine.statistics().steps == 0
+    finally:
+        engine.close()

@@ -312,7 +312,32 @@ class BatchEngine:
         self._thread = threading.Thread(
             target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
         )
+        self._warmed = threading.Event()
         self._thread.start()
+        self._warmed.wait()
+
+    def _warm_up(self) -> None:
+        """One throwaway step at load, as llama.cpp's own server does: the weights are
+        paged in and the threads started before the first request, whose first token
+        would otherwise pay for both, and whose step time would mislead the thread
+        tuner (a cold first try of one count made the other look best for prompts).
+        On the loop's thread: llama.cpp's OpenMP team belongs to the thread that calls
+        ``llama_decode``, and a second team in the process (this one, started by the
+        loading thread) would throttle the loop's barriers for good."""
+        lib = self._lib
+        ends = (lib.llama_vocab_bos(self._vocab), lib.llama_vocab_eos(self._vocab))
+        tokens = [int(t) for t in ends if t >= 0] or [0]
+        b = self._batch
+        for i, token in enumerate(tokens):
+            b.token[i] = token
+            b.pos[i] = i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = int(i == len(tokens) - 1)
+        b.n_tokens = len(tokens)
+        lib.llama_decode(self._ctx.ctx, b)
+        lib.llama_memory_clear(self._mem, True)
+        b.n_tokens = 0
 
     @classmethod
     def load(
@@ -429,6 +454,10 @@ class BatchEngine:
     def _run(self) -> None:
         broken: BaseException | None = None
         try:
+            try:
+                self._warm_up()
+            finally:
+                self._warmed.set()
             while self._step_once():
                 pass
         except BaseException as exc:  # pragma: no cover - a bug in the loop itself
