@@ -29,7 +29,7 @@ from tokenbelt import (
     Stream,
     WorkerCrashed,
 )
-from tokenbelt.engines import WorkerEngine
+from tokenbelt.engines import GenerationRequest, WorkerEngine
 from tokenbelt.engines._worker import ABORT_ENV
 from tokenbelt.models import default_model_path
 
@@ -114,6 +114,21 @@ def test_a_reply_through_the_worker_is_the_in_process_reply(model: Model) -> Non
     assert trace.worker["pid"] == engine_of(model).pid
     assert model.info["isolation"] == "process"
     assert engine_of(model).pid != os.getpid()
+
+
+def test_the_worker_computes_the_prompt_the_parent_tokenized(
+    model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent tokenizes each prompt once (to admit it) and sends the tokens along:
+    the worker computes those tokens and does not template the request again. Here the
+    parent's tokens are another prompt's, so the reply is that prompt's reply."""
+    engine = engine_of(model)
+    expected = model.complete(HELLO, max_tokens=12, **GREEDY)
+    hello_tokens = engine.tokenize_request(GenerationRequest(messages=tuple(HELLO)))
+    monkeypatch.setattr(engine, "tokenize_request", lambda request: list(hello_tokens))
+    reply = model.complete(SEA, max_tokens=12, **GREEDY)
+    assert reply.trace.prompt_tokens == len(hello_tokens)
+    assert reply.text == expected.text
 
 
 def test_grammar_and_logprobs_cross_the_boundary_and_bad_ones_stop_before_it(

@@ -78,6 +78,31 @@ _MAX_PEERS = 32
 _MAX_TOKENIZED = 256
 
 
+class KeptPrompts:
+    """Prompts tokenized before queueing, kept for their admission.
+
+    Keyed by identity, holding the request so its id cannot be reused; bounded, since a
+    counted request may never be started (a full queue refuses it). Thread-safe.
+    """
+
+    def __init__(self, limit: int = _MAX_TOKENIZED) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._kept: dict[int, tuple[GenerationRequest, list[int]]] = {}
+
+    def keep(self, request: GenerationRequest, tokens: list[int]) -> None:
+        with self._lock:
+            self._kept[id(request)] = (request, tokens)
+            while len(self._kept) > self._limit:
+                del self._kept[next(iter(self._kept))]
+
+    def take(self, request: GenerationRequest) -> list[int] | None:
+        """The tokens kept for ``request`` (forgotten here), or None."""
+        with self._lock:
+            kept = self._kept.pop(id(request), None)
+        return kept[1] if kept is not None and kept[0] is request else None
+
+
 @dataclass(frozen=True)
 class BatchStatistics:
     """Counters of a batch engine since load (a snapshot)."""
@@ -308,7 +333,7 @@ class BatchEngine:
         self._prefix_tokens = 0
         self._last_peers: list[_Seq] = []
         self._drop_cache = False
-        self._tokenized: dict[int, tuple[GenerationRequest, list[int]]] = {}
+        self._tokenized = KeptPrompts()
         self._thread = threading.Thread(
             target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
         )
@@ -374,21 +399,18 @@ class BatchEngine:
         tokenize the same prompt again."""
         check_request(self._lib, self._vocab, self._n_vocab, request, self.name)
         tokens = self.tokenize_request(request)
-        self._check_fits(len(tokens))
-        with self._cond:
-            # Keyed by identity, holding the request so its id cannot be reused; bounded,
-            # since a counted request may never be started (a full queue refuses it).
-            self._tokenized[id(request)] = (request, tokens)
-            while len(self._tokenized) > _MAX_TOKENIZED:
-                del self._tokenized[next(iter(self._tokenized))]
+        self.keep_prompt_tokens(request, tokens)
         return len(tokens)
 
+    def keep_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Use ``tokens``, made elsewhere (a worker's parent process, with the same
+        vocabulary), as the prompt of ``request`` when it is admitted."""
+        self._check_fits(len(tokens))
+        self._tokenized.keep(request, tokens)
+
     def _prompt_of(self, request: GenerationRequest) -> list[int]:
-        with self._cond:
-            kept = self._tokenized.pop(id(request), None)
-        if kept is not None and kept[0] is request:
-            return kept[1]
-        return self.tokenize_request(request)
+        kept = self._tokenized.take(request)
+        return kept if kept is not None else self.tokenize_request(request)
 
     # -- requests ----------------------------------------------------------------------------
 

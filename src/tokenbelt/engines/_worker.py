@@ -34,8 +34,10 @@ import functools
 import itertools
 import logging
 import os
+import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -58,7 +60,7 @@ from .._errors import (
 )
 from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
-from ._batch import BatchStatistics, check_request, run_to_end
+from ._batch import BatchStatistics, KeptPrompts, check_request, run_to_end
 from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens, template_tools
 from ._loading import check_gguf_file
 
@@ -154,16 +156,35 @@ class _Job:
         self.worker: _Process | None = None
 
 
-class _Process:
-    """One worker process, its pipe and what waits to be sent on it."""
+def _frame(message: tuple[Any, ...]) -> bytes:
+    """``message`` as ``multiprocessing.connection.Connection.recv`` reads it."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > 0x7FFFFFFF:
+        return struct.pack("!iQ", -1, len(data)) + data
+    return struct.pack("!i", len(data)) + data
 
-    def __init__(self, popen: subprocess.Popen[bytes], conn: Connection, number: int) -> None:
+
+class _Process:
+    """One worker process, its pipe and what waits to be sent on it.
+
+    ``post`` writes a message to the pipe on the caller's thread when nothing waits
+    before it and the pipe takes it whole without blocking (the common case: a start,
+    a credit, a stop are small); what the pipe does not take waits in the outbox for
+    the sender thread, so a caller never blocks and the order holds.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket, number: int) -> None:
         self.popen = popen
-        self.conn = conn
+        self.sock = sock
+        # The reader's end: a copy of the descriptor, read with Connection's framing.
+        self.conn = Connection(os.dup(sock.fileno()))
         self.number = number
         self.pid = popen.pid
         self.cond = threading.Condition()
-        self.outbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        #: frames (bytes) to write, and ("grant", job) for the sender to work out
+        self.outbox: collections.deque[Any] = collections.deque()
+        #: the sender thread is writing a frame it took from the outbox
+        self.writing = False
         self.done = False
         self.ready = threading.Event()
         self.became_ready = False
@@ -176,11 +197,51 @@ class _Process:
         self.load_expired = False
 
     def post(self, message: tuple[Any, ...]) -> None:
-        """Queue a message for the sender thread; never blocks (safe under a belt's lock)."""
+        """Send a message, or queue it for the sender thread; never blocks (safe under a
+        belt's lock)."""
         with self.cond:
-            if not self.done:
-                self.outbox.append(message)
+            if self.done:
+                return
+            if message[0] == "grant" or self.outbox or self.writing:
+                self.outbox.append(message if message[0] == "grant" else _frame(message))
                 self.cond.notify()
+                return
+            data = _frame(message)
+            try:
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return  # the worker is gone: the reader thread ends its requests
+            if sent < len(data):
+                self.outbox.append(data[sent:])
+                self.cond.notify()
+
+    def send_queued(self, grant: Callable[[tuple[Any, ...]], None]) -> None:
+        """The sender thread: write what ``post`` queued, in order, until ``done``;
+        hand each ``("grant", job)`` to ``grant``. May block on the pipe."""
+        while True:
+            with self.cond:
+                while not self.outbox and not self.done:
+                    self.cond.wait()
+                if not self.outbox:
+                    return
+                item = self.outbox.popleft()
+                self.writing = isinstance(item, bytes)
+            if not isinstance(item, bytes):  # a read made room: work out the credit
+                grant(item)
+                continue
+            try:
+                self.sock.sendall(item)
+            except OSError:
+                return  # the worker is gone: the reader thread ends its requests
+            finally:
+                with self.cond:
+                    self.writing = False
+
+    def close_pipe(self) -> None:
+        self.conn.close()
+        self.sock.close()
 
     def kill(self, cause: str) -> None:
         if self.cause is None:
@@ -252,6 +313,7 @@ class WorkerEngine:
         self._numbers = itertools.count(1)
         self._current: _Process
         self._vocab, self._formatter = self._load_vocab()
+        self._tokenized = KeptPrompts()  # sent with each request: the worker uses them
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = template_tools(self._formatter)
         crash_point = os.environ.get(ABORT_ENV) or None
@@ -317,12 +379,16 @@ class WorkerEngine:
         vocab = self._vocab.vocab
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         check_request(llama_cpp, vocab, n_vocab, request, self.name)
-        n = len(self.tokenize_request(request))
+        tokens = self.tokenize_request(request)
+        n = len(tokens)
+        if n == 0:
+            raise InvalidArgument("the prompt is empty: it has no tokens to start from")
         if n + 1 > self.context_length:
             raise PromptTooLong(
                 f"the prompt has {n} tokens but each sequence holds {self.context_length} "
                 "(including at least one generated token)"
             )
+        self._tokenized.keep(request, tokens)
         return n
 
     # -- worker processes --------------------------------------------------------------------
@@ -345,8 +411,7 @@ class WorkerEngine:
             raise ModelLoadError(f"could not start an engine worker: {exc}") from exc
         finally:
             theirs.close()
-        conn = Connection(ours.detach())
-        w = _Process(popen, conn, next(self._numbers))
+        w = _Process(popen, ours, next(self._numbers))
         if self.load_timeout is not None:
             w.load_by = time.monotonic() + self.load_timeout
         w.post(("load", str(self.model_path), self._options, crash_point))
@@ -359,7 +424,7 @@ class WorkerEngine:
         if closed:
             w.kill("the engine closed")
             w.popen.wait()
-            w.conn.close()
+            w.close_pipe()
             return w
         logger.info("engine worker %s started for %s", w.pid, self.name)
         return w
@@ -403,20 +468,7 @@ class WorkerEngine:
 
     def _send(self, w: _Process) -> None:
         """Write ``w``'s outbox to its pipe until it is gone."""
-        while True:
-            with w.cond:
-                while not w.outbox and not w.done:
-                    w.cond.wait()
-                if not w.outbox:
-                    return
-                message = w.outbox.popleft()
-            if message[0] == "grant":
-                self._grant(message[1])
-                continue
-            try:
-                w.conn.send(message)
-            except OSError:
-                return  # the worker is gone: the reader thread ends its requests
+        w.send_queued(lambda message: self._grant(message[1]))
 
     def _read(self, w: _Process) -> None:
         """Apply ``w``'s messages; when it ends, end the requests it held."""
@@ -442,7 +494,7 @@ class WorkerEngine:
             except subprocess.TimeoutExpired:  # it closed its pipe but does not exit
                 w.kill("engine worker killed: it closed its pipe but did not exit")
                 code = w.popen.wait()
-            w.conn.close()
+            w.close_pipe()
             self._gone(w, code)
 
     def _handle(self, w: _Process, message: tuple[Any, ...]) -> None:
@@ -510,7 +562,8 @@ class WorkerEngine:
         job.worker = w
         trace = job.producer.trace
         trace.worker = {"pid": w.pid}
-        w.post(("start", job.rid, trace.request_id, job.request, job.capacity))
+        tokens = self._tokenized.take(job.request)
+        w.post(("start", job.rid, trace.request_id, job.request, job.capacity, tokens))
 
     def _gone(self, w: _Process, code: int) -> None:
         """A worker process ended: end and release what it held; start another."""

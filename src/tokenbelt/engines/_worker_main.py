@@ -11,7 +11,8 @@ release) to the parent, and knows the room the parent granted (credits). It neve
 holds more than its credits: the parent grants room as its reader takes items, so the
 engine is never more than the belt's capacity ahead of the reader.
 
-Messages, parent to worker: ``("start", rid, request_id, request, capacity)``,
+Messages, parent to worker: ``("start", rid, request_id, request, capacity, tokens)``
+(``tokens``: the prompt as the parent tokenized it, or None),
 ``("cancel", rid, reason)``, ``("credit", rid, n)``, ``("close",)``. Worker to parent:
 ``("ready", info)``, ``("load_error", message)``, ``("admit", rid)``, ``("prompt", rid,
 n)``, ``("cached", rid, n)``, ``("item", rid, item, tokens)``, ``("finish", rid,
@@ -296,13 +297,24 @@ class _Worker:
             elif kind == "close":
                 return
 
-    def _start(self, rid: int, request_id: str, request: GenerationRequest, capacity: int) -> None:
+    def _start(
+        self,
+        rid: int,
+        request_id: str,
+        request: GenerationRequest,
+        capacity: int,
+        tokens: list[int] | None,
+    ) -> None:
         producer = _Forward(self.link, rid, request_id, capacity, self.crash)
         self.requests[rid] = producer
-        # Tokenized here, off the engine's loop, as the runtime does in-process; a prompt
-        # that fails here fails again in the loop, which ends the request with the error.
+        # Off the engine's loop, as the runtime does in-process: the parent's tokens (its
+        # vocabulary is this model's), else tokenized here. A prompt that fails here
+        # fails again in the loop, which ends the request with the error.
         with contextlib.suppress(Exception):
-            self.engine.count_prompt_tokens(request)
+            if tokens is not None:
+                self.engine.keep_prompt_tokens(request, tokens)
+            else:
+                self.engine.count_prompt_tokens(request)
         self.engine.start(request, producer, lambda: self._forget(rid))
 
     def _forget(self, rid: int) -> None:
