@@ -6,8 +6,10 @@ litellm maps each ``finish_reason`` into OpenAI's set and logs "Unmapped finish_
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,23 @@ litellm: Any = pytest.importorskip("litellm")
 
 # litellm's own types make pydantic warn as they are first used; that is not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:pydantic")
+
+
+@pytest.fixture(autouse=True)
+def _close_the_loop_litellm_leaves() -> Iterator[None]:
+    """A blocking litellm call dispatches its service hooks on the main thread's event
+    loop, which ``asyncio.get_event_loop()`` creates and litellm never closes. Closed
+    here: left to the garbage collector, it fails whichever later test it is collected
+    in (an unclosed-loop ``ResourceWarning`` is an error in this suite)."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:  # none was made
+            return
+    loop.close()
+    asyncio.set_event_loop_policy(None)  # as before: no loop, none set
 
 
 @pytest.fixture
