@@ -202,7 +202,8 @@ def test_serve_prints_one_ready_line_with_device_threads_context_file_and_url(
         process.wait(15)
     (ready,) = [line for line in log.read_text().splitlines() if "ready:" in line]
     assert re.search(
-        rf"ready: smollm2-135m on cpu, (\d+|auto) threads.*, context \d+ tokens per sequence, "
+        rf"ready: smollm2-135m on cpu, in worker process \d+, (\d+|auto) threads.*, "
+        rf"context \d+ tokens per sequence, "
         rf"\d+ slots?, file {re.escape(str(default_model_path()))}, http://127\.0\.0\.1:{port}$",
         ready,
     ), ready

@@ -140,15 +140,18 @@ def thread_count(text: str) -> int:
     return _convert(text, lambda t: check_threads("value", int(t)) or 1)
 
 
-def add_isolation_options(p: argparse.ArgumentParser, *, grace: bool = True) -> None:
+def add_isolation_options(
+    p: argparse.ArgumentParser, *, grace: bool = True, default: str = "thread"
+) -> None:
     """``--isolation`` (and ``--stop-grace``), shared by the commands that load a model."""
+    where = {"thread": "in this process", "process": "in a worker process"}[default]
     p.add_argument(
         "--isolation",
         choices=("thread", "process"),
-        default="thread",
-        help="where the model runs (default thread: in this process); process: in a worker "
+        default=default,
+        help=f"where the model runs (default {default}: {where}); process: in a worker "
         "process, whose native crash ends the running requests instead of the program, and "
-        "which restarts",
+        "which restarts; thread: in this process",
     )
     if grace:
         p.add_argument(

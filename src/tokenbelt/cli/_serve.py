@@ -153,7 +153,7 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="allow an --n-ctx past the model's trained context (replies degrade there)",
     )
     add_thread_options(p)
-    add_isolation_options(p)
+    add_isolation_options(p, default="process")
     p.add_argument(
         "--api-key",
         action="append",
