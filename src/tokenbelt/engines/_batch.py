@@ -78,6 +78,19 @@ _MAX_PEERS = 32
 _MAX_TOKENIZED = 256
 
 
+def check_fits(n: int, context_length: int) -> None:
+    """Refuse a prompt of ``n`` tokens that is empty or leaves a sequence no room to
+    generate; raises ``InvalidArgument`` or ``PromptTooLong``."""
+    if n == 0:
+        # An empty batch would reach llama_decode: refused, never decoded.
+        raise InvalidArgument("the prompt is empty: it has no tokens to start from")
+    if n + 1 > context_length:
+        raise PromptTooLong(
+            f"the prompt has {n} tokens but each sequence holds {context_length} "
+            "(including at least one generated token)"
+        )
+
+
 class KeptPrompts:
     """Prompts tokenized before queueing, kept for their admission.
 
@@ -383,16 +396,6 @@ class BatchEngine:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
         return prompt_tokens(self._model, self._formatter, request, self.name)
 
-    def _check_fits(self, n: int) -> None:
-        if n == 0:
-            # An empty batch would reach llama_decode: refused, never decoded.
-            raise InvalidArgument("the prompt is empty: it has no tokens to start from")
-        if n + 1 > self.context_length:
-            raise PromptTooLong(
-                f"the prompt has {n} tokens but each sequence holds {self.context_length} "
-                "(including at least one generated token)"
-            )
-
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenize on the caller's thread and keep the tokens for the loop's admission,
         so the loop (which every running stream waits on) does not template and
@@ -405,7 +408,7 @@ class BatchEngine:
     def keep_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
         """Use ``tokens``, made elsewhere (a worker's parent process, with the same
         vocabulary), as the prompt of ``request`` when it is admitted."""
-        self._check_fits(len(tokens))
+        check_fits(len(tokens), self.context_length)
         self._tokenized.keep(request, tokens)
 
     def _prompt_of(self, request: GenerationRequest) -> list[int]:
@@ -526,7 +529,7 @@ class BatchEngine:
             check_logit_bias(seq.request.sampling, self._n_vocab, self.name)
             tokens = self._prompt_of(seq.request)
             p.count_prompt(len(tokens))
-            self._check_fits(len(tokens))
+            check_fits(len(tokens), self.context_length)
         except Exception as exc:
             p.fail(exc)
             self._retire(seq, cache=False)

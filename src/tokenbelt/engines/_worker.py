@@ -55,12 +55,11 @@ from .._errors import (
     InvalidArgument,
     LoadTimeout,
     ModelLoadError,
-    PromptTooLong,
     WorkerCrashed,
 )
 from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
-from ._batch import BatchStatistics, KeptPrompts, check_request, run_to_end
+from ._batch import BatchStatistics, KeptPrompts, check_fits, check_request, run_to_end
 from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens, template_tools
 from ._loading import check_gguf_file
 
@@ -380,16 +379,9 @@ class WorkerEngine:
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         check_request(llama_cpp, vocab, n_vocab, request, self.name)
         tokens = self.tokenize_request(request)
-        n = len(tokens)
-        if n == 0:
-            raise InvalidArgument("the prompt is empty: it has no tokens to start from")
-        if n + 1 > self.context_length:
-            raise PromptTooLong(
-                f"the prompt has {n} tokens but each sequence holds {self.context_length} "
-                "(including at least one generated token)"
-            )
+        check_fits(len(tokens), self.context_length)
         self._tokenized.keep(request, tokens)
-        return n
+        return len(tokens)
 
     # -- worker processes --------------------------------------------------------------------
 
