@@ -30,6 +30,27 @@ NET_S = 60.0
 GRACE_S = 20.0
 
 
+def _end_tokens() -> list[int]:
+    """The default model's end-of-generation tokens, read from its vocabulary."""
+    import llama_cpp
+
+    from tokenbelt.engines._llama import _quiet_native_logs
+
+    _quiet_native_logs()  # and closes the binding's /dev/null files at exit
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(), params)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        n = llama_cpp.llama_vocab_n_tokens(vocab)
+        return [t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+END_TOKENS = _end_tokens()
+
+
 @dataclass
 class Server:
     process: subprocess.Popen[bytes]
@@ -91,6 +112,9 @@ class Reader:
         body = {
             "messages": [{"role": "user", "content": "Count from one to one thousand."}],
             "max_tokens": 3000,
+            # The default model's end-of-generation tokens, banned: a reply that ended on
+            # its own would free its slot, and the third request would never queue.
+            "logit_bias": {str(token): -100 for token in END_TOKENS},
             "stream": True,
         }
         try:
