@@ -260,6 +260,26 @@ def test_keep_alive_zero_unloads_and_the_next_request_loads_again(
     assert model.keep_alive is None
 
 
+def test_a_load_after_an_unload_stays_loaded_and_one_without_keep_alive_is_a_load(
+    client: ollama.Client, served: Served
+) -> None:
+    """Ollama's load request (no messages): a positive keep_alive after a 0 keeps the
+    model it loads, and one that names no keep_alive is a load, not an unload."""
+    model = served.model()
+    assert client.generate(name(served), "", keep_alive=0).done_reason == "unload"
+    assert model.state is ModelState.IDLE_UNLOADED
+    assert client.chat(name(served), messages=[], keep_alive=300).done_reason == "load"
+    assert model.state is ModelState.READY
+    assert model.keep_alive == 300.0
+    (running,) = client.ps().models
+    assert running.name == name(served)
+
+    again = client.generate(name(served), "")  # no keep_alive given
+    assert again.done_reason == "load"
+    assert model.state is ModelState.READY
+    assert model.keep_alive == 300.0
+
+
 def test_request_id_header_and_deadline_extension(served: Served) -> None:
     body = {
         "model": name(served),

@@ -91,10 +91,12 @@ def router(state: ServerState, path: RequestPath) -> APIRouter:
     async def load_or_unload(model: Model, body: _Generation, chat: bool) -> Response:
         """Ollama's way to load a model (no prompt), or unload it (``keep_alive: 0``)."""
         seconds = _keep_alive(model, body)
-        unloads = seconds == 0
-        if not unloads:  # loading a model only to unload it would be a waste
-            await anyio.to_thread.run_sync(model.ensure_loaded)
+        unloads = seconds is not False and seconds == 0  # False: not given, a load
+        # The new keep_alive first: applied after the load, an earlier 0 would unload
+        # the model this request just loaded. (Loading only to unload would be a waste.)
         await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
+        if not unloads:
+            await anyio.to_thread.run_sync(model.ensure_loaded)
         content = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
         return JSONResponse(
             {
