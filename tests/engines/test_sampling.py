@@ -120,3 +120,31 @@ def test_the_single_context_engine_refuses_what_it_cannot_do() -> None:
         assert engine.count_prompt_tokens(penalised) > 0
     finally:
         engine.close()
+
+
+@pytest.mark.model
+def test_a_reply_cut_inside_a_character_drops_the_unfinished_bytes(runtime: Runtime) -> None:
+    """A reply cut at ``max_tokens`` between the tokens of one multi-byte character ends
+    with the characters it finished, never with U+FFFD."""
+    model = next(iter(runtime.models.values()))
+    emoji = [{"role": "user", "content": "Reply with only emoji: 🌍🎉🐉🌊🔥"}]
+    full = model.complete(emoji, temperature=0, max_tokens=12, logprobs=True)
+    raw = [t.bytes for t in full.logprobs]
+    cuts_inside = 0
+    for k in range(1, len(raw) + 1):
+        made = b"".join(raw[:k])
+        finished = made.decode("utf-8", "ignore") if _ends_inside(made) else made.decode()
+        cuts_inside += _ends_inside(made)
+        reply = model.complete(emoji, temperature=0, max_tokens=k)
+        assert "\ufffd" not in reply.text
+        assert reply.text == finished
+    assert cuts_inside > 0  # the prompt did make the model split a character
+
+
+def _ends_inside(data: bytes) -> bool:
+    """Whether ``data`` ends partway through a UTF-8 character."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data"
+    return False

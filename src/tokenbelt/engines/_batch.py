@@ -55,6 +55,7 @@ from ._llama import (
     _quiet_native_logs,
     _StopMatcher,
     chat_formatter,
+    held_back,
     prompt_tokens,
     template_tools,
 )
@@ -830,8 +831,7 @@ class BatchEngine:
 
     @staticmethod
     def _tail(seq: _Seq) -> str:
-        """Text held back for stop strings or an unfinished character."""
-        return seq.stopper.flush() + seq.decoder.decode(b"", final=True)
+        return held_back(seq.stopper, seq.decoder)
 
     def _put(self, seq: _Seq, text: str) -> bool:
         from .._errors import Cancelled

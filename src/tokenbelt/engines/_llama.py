@@ -120,6 +120,14 @@ def template_tools(formatter: Any) -> bool:
     return isinstance(template, str) and _template_tools(template)
 
 
+def held_back(stopper: _StopMatcher, decoder: codecs.IncrementalDecoder) -> str:
+    """The text a reply held back when it ends: what was kept for stop strings. The
+    bytes of a character left unfinished (a reply cut at ``max_tokens`` inside a
+    multi-byte character) are dropped, not shown as U+FFFD."""
+    decoder.reset()
+    return stopper.flush()
+
+
 def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: str) -> list[int]:
     """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
     (the GGUF's template), with the request's tools when the template renders them.
@@ -299,7 +307,7 @@ class LlamaEngine:
         )
 
         def flush() -> None:  # text held back for stop strings or an unfinished character
-            tail = stopper.flush() + decoder.decode(b"", final=True)
+            tail = held_back(stopper, decoder)
             if tail:
                 belt.put(tail)
 
