@@ -267,3 +267,44 @@ def test_serve_takes_a_key_per_client_and_an_admin_key(
     assert exit_.value.code == 2
     assert "API key" in capsys.readouterr().err
     assert ServerSettings(api_key="a", api_keys=("b",), admin_key="c").keys() == ("a", "b", "c")
+
+
+def test_curl_d_and_a_body_without_content_type_are_json_but_not_from_a_browser(
+    serve: ServeFactory,
+) -> None:
+    """``curl -d`` (form-urlencoded, as Ollama's examples send it) and clients that send
+    no Content-Type get their JSON body read; the same bodies with a browser's ``Origin``
+    (a page may send them to any site without a CORS preflight) stay refused, and
+    nothing runs."""
+    import shutil
+    import subprocess
+
+    served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
+    body = json.dumps({**chat_body(), "model": served.model().name, "stream": False})
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    done = subprocess.run(
+        ["curl", "-sS", "--max-time", str(int(NET)), "-d", body, f"{served.url}/api/chat"],
+        capture_output=True,
+        check=True,
+        text=True,
+        timeout=NET + 5,
+    )
+    assert json.loads(done.stdout)["message"]["content"].strip()
+
+    for route in ("/api/chat", "/v1/chat/completions"):
+        for content_type in (None, "text/plain;charset=UTF-8"):
+            headers = {} if content_type is None else {"content-type": content_type}
+            ok = httpx.post(served.url + route, content=body, headers=headers, timeout=NET)
+            assert ok.status_code == 200, ok.text
+    answered = len(served.recorder.events)
+
+    for route in ("/api/chat", "/v1/chat/completions"):
+        for content_type in (None, "text/plain", "application/x-www-form-urlencoded"):
+            headers = {"origin": "https://page.example"}
+            if content_type is not None:
+                headers["content-type"] = content_type
+            refused = httpx.post(served.url + route, content=body, headers=headers, timeout=NET)
+            assert refused.status_code == 400, refused.text
+            assert "Content-Type: application/json" in refused.text
+    assert len(served.recorder.events) == answered  # nothing more was queued

@@ -41,6 +41,7 @@ from ._middleware import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
     HostMiddleware,
+    JsonBodyMiddleware,
     RequestIdMiddleware,
 )
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -120,6 +121,7 @@ def create_app(
     )
     app.state.tokenbelt = state
     _errors.install(app, dialects)
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
     if settings.keys():
         app.add_middleware(

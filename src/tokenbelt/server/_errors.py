@@ -166,7 +166,7 @@ def install(app: FastAPI, dialects: Dialects) -> None:
         ):
             return error_response(
                 400,
-                "the body must be a JSON object",
+                "the body must be a JSON object, sent as Content-Type: application/json",
                 "invalid_request_error",
                 "invalid_json",
                 shape=shape(request),

@@ -197,6 +197,40 @@ class ApiKeyMiddleware:
             CALLER.reset(token)
 
 
+#: Content-Types that curl (``-d``) and some clients send with a JSON body
+_LOOSE_TYPES = (b"", b"application/x-www-form-urlencoded", b"text/plain")
+
+
+class JsonBodyMiddleware:
+    """Read a body sent without a JSON Content-Type as JSON, unless a browser sent it.
+
+    ``curl -d`` (Ollama's own examples) says ``application/x-www-form-urlencoded`` and
+    some clients (litellm's Ollama provider) send none; FastAPI reads such bodies as
+    JSON only under ``application/json``. A browser always sends ``Origin`` with a
+    POST, and those types are the ones a page may send to another site without asking
+    first (a CORS "simple request"): from a browser they stay refused, so a page the
+    user visits cannot start generations on this machine's service.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH"):
+            headers = scope.get("headers", [])
+            given = b""
+            origin = False
+            for name, value in headers:
+                if name == b"content-type":
+                    given = value.split(b";", 1)[0].strip().lower()
+                elif name == b"origin":
+                    origin = True
+            if given in _LOOSE_TYPES and not origin:
+                kept = [(n, v) for n, v in headers if n != b"content-type"]
+                scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def host_name(host: str) -> str:
     """``host`` without its port: ``localhost:8080`` -> ``localhost``, ``[::1]:80`` -> ``[::1]``."""
     host = host.strip().lower()
