@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from serving import free_port
+from tokenbelt.engines._llama import load_vocab
 from tokenbelt.models import default_model_path
 
 NET_S = 60.0
@@ -34,18 +35,12 @@ def _end_tokens() -> list[int]:
     """The default model's end-of-generation tokens, read from its vocabulary."""
     import llama_cpp
 
-    from tokenbelt.engines._llama import _quiet_native_logs
-
-    _quiet_native_logs()  # and closes the binding's /dev/null files at exit
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(), params)
+    model = load_vocab(default_model_path())
     try:
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        n = llama_cpp.llama_vocab_n_tokens(vocab)
-        return [t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+        n = llama_cpp.llama_vocab_n_tokens(model.vocab)
+        return [t for t in range(n) if llama_cpp.llama_vocab_is_eog(model.vocab, t)]
     finally:
-        llama_cpp.llama_model_free(model)
+        model.close()
 
 
 END_TOKENS = _end_tokens()

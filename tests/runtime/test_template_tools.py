@@ -17,7 +17,7 @@ import pytest
 
 from tokenbelt import Model, Runtime
 from tokenbelt.engines import GenerationRequest
-from tokenbelt.engines._llama import template_tools
+from tokenbelt.engines._llama import load_vocab, template_tools
 from tokenbelt.runtime._structured import render_messages, tools_from, tools_json
 from tooling import WEATHER
 
@@ -34,13 +34,9 @@ def model(tool_template_model: Path) -> Iterator[Model]:
 
 def _prompt_text(model: Model, request: GenerationRequest, path: Path) -> str:
     """The prompt the model's engine builds for ``request``, as text."""
-    from llama_cpp import _internals, llama_cpp
-
     engine = model.engines[0]
     tokens = engine.tokenize_request(request)  # type: ignore[attr-defined]
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    vocab = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+    vocab = load_vocab(path)
     try:
         return vocab.detokenize(tokens, special=True).decode("utf-8")
     finally:

@@ -120,6 +120,22 @@ def template_tools(formatter: Any) -> bool:
     return isinstance(template, str) and _template_tools(template)
 
 
+def load_vocab(path: str | Path) -> Any:
+    """A model file's vocabulary and metadata only (llama-cpp-python's ``LlamaModel``, a
+    few MB, no weights): to tokenize and read its template without loading it. Close it
+    with ``close()``. Raises ``ModelLoadError``."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    _quiet_native_logs()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    try:
+        return _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ModelLoadError(f"llama.cpp could not load {path}: {exc}") from exc
+
+
 def held_back(stopper: _StopMatcher, decoder: codecs.IncrementalDecoder) -> str:
     """The text a reply held back when it ends: what was kept for stop strings. The
     bytes of a character left unfinished (a reply cut at ``max_tokens`` inside a

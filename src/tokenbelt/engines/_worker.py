@@ -60,7 +60,7 @@ from .._errors import (
 from ..belt import EndReason, Producer, check_duration
 from ._base import GenerationRequest
 from ._batch import BatchStatistics, KeptPrompts, check_fits, check_request, run_to_end
-from ._llama import _quiet_native_logs, chat_formatter, prompt_tokens, template_tools
+from ._llama import chat_formatter, load_vocab, prompt_tokens, template_tools
 from ._loading import check_gguf_file
 
 logger = logging.getLogger("tokenbelt.engines.worker")
@@ -352,18 +352,7 @@ class WorkerEngine:
     # -- the parent's own view of the model --------------------------------------------------
 
     def _load_vocab(self) -> tuple[Any, Any]:
-        import llama_cpp
-        from llama_cpp import _internals
-
-        _quiet_native_logs()
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        try:
-            model = _internals.LlamaModel(
-                path_model=str(self.model_path), params=params, verbose=False
-            )
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise ModelLoadError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
+        model = load_vocab(self.model_path)
         return model, chat_formatter(model)
 
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
