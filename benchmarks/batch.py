@@ -35,18 +35,13 @@ Run: ``.venv/bin/python benchmarks/batch.py [--rounds N] [--tokens N] [--no-peer
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import itertools
 import json
 import random
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from typing import Any

@@ -23,14 +23,6 @@ Run: ``.venv/bin/python benchmarks/belt.py [--items N] [--loop asyncio|uvloop] [
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and its http.py would hide the standard library's ``http`` package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import json

@@ -23,12 +23,6 @@ Run: ``.venv/bin/python benchmarks/grammar.py [--rounds N] [--tokens N] [--full]
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import json
 import statistics

@@ -29,12 +29,6 @@ Run: ``.venv/bin/python benchmarks/isolation.py [--trials N] [--tokens N] [--can
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import json
 import os
@@ -42,6 +36,7 @@ import random
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any
 

@@ -23,20 +23,13 @@ Run: ``.venv/bin/python benchmarks/remote.py [--json] [--trials N] [--tokens N]
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This folder holds http.py: run as a script, the folder would lead sys.path and hide the
-# standard library's ``http`` package from httpx and uvicorn.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import contextlib
 import json
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any

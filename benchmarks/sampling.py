@@ -22,15 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and hide the standard library's http package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 
 from tokenbelt import Runtime
 from tokenbelt.models import default_model_path

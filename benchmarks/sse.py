@@ -19,24 +19,17 @@ run against it as a peer column. It has no trace, so its release is observed fro
 right after the close a one-token probe request is sent, and the model is taken as free
 when the probe is answered (minus the probe's own latency on an idle server).
 
-Run: ``.venv/bin/python benchmarks/http.py [--json] [--trials N] [--tokens N]``.
+Run: ``.venv/bin/python benchmarks/sse.py [--json] [--trials N] [--tokens N]``.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# This file is called http.py: run as a script, its folder would lead sys.path and hide
-# the standard library's ``http`` package from httpx and uvicorn.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 
 import argparse
 import contextlib
 import json
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
