@@ -35,22 +35,18 @@ Run: ``.venv/bin/python benchmarks/batch.py [--rounds N] [--tokens N] [--no-peer
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import itertools
 import json
 import random
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
 
+import _harness
 from tokenbelt import Runtime
 from tokenbelt.engines import BatchEngine, Message
 from tokenbelt.engines._threads import usable_cores
@@ -327,9 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps = engine.statistics().steps - before.steps
         out["step_ms_4"] = round((time.perf_counter() - started) * 1000 / steps, 2)
         cancels = sorted(cancels_in_batch(model, args.cancels, rng))
-        out["cancel_release_in_batch_p95_ms"] = round(
-            cancels[min(len(cancels) - 1, int(0.95 * len(cancels)))], 2
-        )
+        out["cancel_release_in_batch_p95_ms"] = round(_harness.percentile(cancels, 0.95), 2)
         out["cancel_release_in_batch_max_ms"] = round(cancels[-1], 2)
         gap, prefill = gap_during_prefill(model)
         out["max_gap_during_prefill_ms"] = round(gap, 1)
@@ -352,42 +346,28 @@ def print_table(r: dict[str, Any]) -> None:
         bare, ours = r[f"bare_tok_s_{b}"], r[f"tokenbelt_tok_s_{b}"]
         threads = f"{r[f'threads_bare_{b}']}/{r[f'threads_tokenbelt_{b}']}"
         print(f"{b:>8} {bare:>11} {ours:>16} {ours / bare:>6.3f} {threads:>8}")
-    for key in (
-        "batch_ratio_4",
-        "speedup_4",
-        "step_ms_4",
-        "cancel_release_in_batch_p95_ms",
-        "max_gap_during_prefill_ms",
-        "long_prefill_ms",
-        "prefill_chunk",
-        "threads",
-        "peer_llama_cpp_server_tok_s_4",
-    ):
-        print(f"{key:>32}: {r[key]}")
+    keys = ("batch_ratio_4", "speedup_4", "step_ms_4", "cancel_release_in_batch_p95_ms")
+    keys += ("max_gap_during_prefill_ms", "long_prefill_ms", "prefill_chunk", "threads")
+    _harness.print_keys(r, (*keys, "peer_llama_cpp_server_tok_s_4"), 32)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="bare/tokenbelt pairs per size")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     parser.add_argument("--cancels", type=int, default=20, help="cancels in a batch of four")
     parser.add_argument(
         "--no-peer", dest="peer", action="store_false", help="skip llama_cpp.server"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--side", choices=["bare", "tokenbelt"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
     if args.side is not None:  # one side's round, in a process of its own (see _side)
         side = side_bare if args.side == "bare" else side_tokenbelt
         print(json.dumps(side(args.tokens)))
         return 0
     if args.rounds < 1 or args.tokens < 2 or args.cancels < 1:
         parser.error("--rounds and --cancels must be >= 1, --tokens >= 2")
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
+    _harness.emit(run(args), args.json, print_table)
     return 0
 
 

@@ -23,17 +23,7 @@ Run: ``.venv/bin/python benchmarks/belt.py [--items N] [--loop asyncio|uvloop] [
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and its http.py would hide the standard library's ``http`` package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
-import argparse
 import asyncio
-import json
 import statistics
 import sys
 import threading
@@ -41,6 +31,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+import _harness
 from tokenbelt.belt import Belt, EndReason
 
 #: Gap between two puts in the paced run: long enough for the consumer to be waiting again,
@@ -187,19 +178,13 @@ def throughput_async(items: int) -> float:
     return _run(consume())
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--items", type=int, default=20_000, help="items per measurement")
     parser.add_argument(
         "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="loop of async rows"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
     items: int = args.items
     if items < 100:
         parser.error("--items must be >= 100")
@@ -227,19 +212,17 @@ def main(argv: list[str] | None = None) -> int:
         "loop": args.loop,
         "pace_us": PACE_S * 1e6,
         "thread_to_async_median_us": round(statistics.median(lat_async), 2),
-        "thread_to_async_p99_us": round(_pct(lat_async, 0.99), 2),
+        "thread_to_async_p99_us": round(_harness.percentile(lat_async, 0.99), 2),
         "thread_to_sync_median_us": round(statistics.median(lat_sync), 2),
-        "thread_to_sync_p99_us": round(_pct(lat_sync, 0.99), 2),
+        "thread_to_sync_p99_us": round(_harness.percentile(lat_sync, 0.99), 2),
         "loop_floor_median_us": round(statistics.median(base_async), 2),
         "condition_floor_median_us": round(statistics.median(base_sync), 2),
         "thread_to_async_throughput_us_per_item": round(tp_async, 2),
         "thread_to_sync_throughput_us_per_item": round(tp_sync, 2),
         "python": sys.version.split()[0],
     }
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    rows = [
+
+    rows: list[tuple[str, str, str, list[float] | None, float | None]] = [
         ("thread -> async", "put-to-receive latency, paced", "median", lat_async, None),
         ("thread -> sync", "put-to-receive latency, paced", "median", lat_sync, None),
         ("floor, loop", "call_soon_threadsafe, no belt", "median", base_async, None),
@@ -247,18 +230,23 @@ def main(argv: list[str] | None = None) -> int:
         ("thread -> async", "wall time / items, full speed", "mean", None, tp_async),
         ("thread -> sync", "wall time / items, full speed", "mean", None, tp_sync),
     ]
-    print(
-        f"belt per-item overhead, {items} items per row, "
-        f"{args.loop} loop, Python {result['python']}"
-    )
-    print()
-    print(f"{'path':<16} {'measure':<32} {'stat':<7} {'µs':>8} {'p99 µs':>8}")
-    for path, measure, stat, samples, value in rows:
-        if samples is not None:
-            mid, p99 = f"{statistics.median(samples):8.2f}", f"{_pct(samples, 0.99):8.2f}"
-        else:
-            mid, p99 = f"{value:8.2f}", f"{'':>8}"
-        print(f"{path:<16} {measure:<32} {stat:<7} {mid} {p99}")
+
+    def table(result: dict[str, Any]) -> None:
+        print(
+            f"belt per-item overhead, {items} items per row, "
+            f"{args.loop} loop, Python {result['python']}"
+        )
+        print()
+        print(f"{'path':<16} {'measure':<32} {'stat':<7} {'µs':>8} {'p99 µs':>8}")
+        for path, measure, stat, samples, value in rows:
+            if samples is not None:
+                mid = f"{statistics.median(samples):8.2f}"
+                p99 = f"{_harness.percentile(samples, 0.99):8.2f}"
+            else:
+                mid, p99 = f"{value:8.2f}", f"{'':>8}"
+            print(f"{path:<16} {measure:<32} {stat:<7} {mid} {p99}")
+
+    _harness.emit(result, args.json, table)
     return 0
 
 

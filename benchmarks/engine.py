@@ -29,14 +29,6 @@ Run: ``.venv/bin/python benchmarks/engine.py [--runs N] [--tokens N] [--cancels 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and its http.py would hide the standard library's ``http`` package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import contextlib
@@ -53,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import _harness
 from tokenbelt.belt import Belt, EndReason, TraceEvent
 from tokenbelt.engines import BatchEngine, GenerationRequest, SamplingParams
 from tokenbelt.engines._threads import usable_cores
@@ -86,6 +79,11 @@ def _start(
     at_cancel: dict[str, int] = {}
     # Registered before the producer starts: runs before the engine's own abort callback.
     belt.on_cancel(lambda _r: at_cancel.setdefault("tokens", belt.trace.completion_tokens))
+    return belt, _produce(engine, request, belt), at_cancel
+
+
+def _produce(engine: BatchEngine, request: GenerationRequest, belt: Belt[str]) -> threading.Thread:
+    """Mark ``belt`` enqueued and start the engine producing into it on a thread."""
     belt.trace.mark_enqueued()
     thread = threading.Thread(
         target=belt.produce,
@@ -93,7 +91,7 @@ def _start(
         name="bench-engine",
     )
     thread.start()
-    return belt, thread, at_cancel
+    return thread
 
 
 # -- decode ------------------------------------------------------------------------------------
@@ -122,13 +120,7 @@ def decode_engine(engine: BatchEngine, request: GenerationRequest) -> DecodeRun:
             cpu[event.kind] = time.process_time()  # every thread: the engine's loop too
 
     belt.trace.subscribe(observe)
-    belt.trace.mark_enqueued()
-    thread = threading.Thread(
-        target=belt.produce,
-        args=(lambda b: engine.generate(request, b.producer),),
-        name="bench-engine",
-    )
-    thread.start()
+    thread = _produce(engine, request, belt)
     reader_start = time.thread_time()
     text = "".join(belt)
     reader_cpu = time.thread_time() - reader_start
@@ -417,12 +409,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    print(
+    title = (
         f"llama.cpp engine vs bare Llama.generate: {r['model']}, threads: {r['n_threads']} "
         f"(bare: {r['bare_threads']}), "
         f"Python {r['python']}, llama-cpp-python {r['llama_cpp_python']}"
     )
-    print()
     rows = [
         ("decode tok/s, bare (median)", f"{r['decode_tok_s_bare']:.2f}", ""),
         ("decode tok/s, engine (median)", f"{r['decode_tok_s_engine']:.2f}", ""),
@@ -445,21 +436,18 @@ def print_table(r: dict[str, Any]) -> None:
         ("heartbeat max gap ms (10 ms ticks)", f"{r['heartbeat_max_gap_ms']:.2f}", "< 50"),
         ("heartbeat p99 gap ms", f"{r['heartbeat_p99_gap_ms']:.2f}", ""),
     ]
-    print(f"{'measure':<36} {'value':>10}  {'target':<10}")
-    for name, value, target in rows:
-        print(f"{name:<36} {value:>10}  {target:<10}")
+    _harness.print_measures(title, rows, 36)
     print()
     print(
         f"{r['runs']} decode pairs of {r['decode_tokens']} tokens "
         f"(same text both sides: {r['decode_same_text']}), per-pair ratios "
         f"{r['decode_ratio_per_pair']}"
     )
-    missed = [name for name, ok in r["targets"].items() if not ok]
-    print("targets: all met" if not missed else f"targets missed: {', '.join(missed)}")
+    print(_harness.targets_line(r["targets"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--runs", type=int, default=7, help="bare/engine decode pairs")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per decode run")
     parser.add_argument("--cancels", type=int, default=20, help="cancels during decode")
@@ -474,9 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=None, help="fix the engine's threads (default: adaptive)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)  # see bare_in_a_process
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
     if args.bare is not None:
         bare_main(args.bare, args.tokens)
         return 0
@@ -484,11 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs, --cancels and --prefill-cancels must be >= 1")
     if not 2 <= args.tokens <= 1024:
         parser.error("--tokens must be in [2, 1024]")
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
+    _harness.emit(run(args), args.json, print_table)
     return 0
 
 

@@ -23,18 +23,11 @@ Run: ``.venv/bin/python benchmarks/grammar.py [--rounds N] [--tokens N] [--full]
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
-import argparse
-import json
 import statistics
 import time
 from typing import Any
 
+import _harness
 from tokenbelt import Runtime
 from tokenbelt.engines import BatchEngine, Message
 from tokenbelt.engines._grammar import (
@@ -118,12 +111,11 @@ def one(model: Any, side: str, tokens: int, seed: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--full", action="store_true", help="also the grammar at every step")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = _harness.parse(parser)
     if not 1 <= args.rounds <= 100 or not 8 <= args.tokens <= 4000:
         parser.error("--rounds must be 1..100 and --tokens 8..4000")
 
@@ -150,11 +142,11 @@ def main() -> None:
     if args.full:
         result["ratio_full"] = result["full_tok_s"] / result["free_tok_s"]
     result.update(rounds=args.rounds, max_tokens=args.tokens)
-    if args.json:
-        print(
-            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
-        )
-        return
+    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+    _harness.emit(rounded if args.json else result, args.json, print_table)
+
+
+def print_table(result: dict[str, Any]) -> None:
     print(f"{'measure':<24}{'value':>12}")
     for key, value in result.items():
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)

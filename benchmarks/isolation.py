@@ -29,12 +29,6 @@ Run: ``.venv/bin/python benchmarks/isolation.py [--trials N] [--tokens N] [--can
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import json
 import os
@@ -42,9 +36,11 @@ import random
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any
 
+import _harness
 from tokenbelt import Model, Runtime
 from tokenbelt.engines import Message, WorkerEngine
 from tokenbelt.models import default_model_path
@@ -59,11 +55,6 @@ SIDES = ("thread", "process")
 PHASES = ("decode", "prefill")
 TARGET_RATIO = 0.97
 TARGET_TTFT_MS = 5.0
-
-
-def _p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
 # -- one side, in a process of its own -------------------------------------------------------
@@ -225,7 +216,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             name = f"{key[:-3]}_{isolation}_ms" if key.endswith("_ms") else f"{key}_{isolation}"
             out[name] = round(statistics.median(pair[i][key] for pair in streams), 2)
         out[f"cancel_release_{isolation}_p95_ms"] = {
-            phase: round(_p95([pair[i] for pair in pairs]), 2) for phase, pairs in cancels.items()
+            phase: round(_harness.percentile([pair[i] for pair in pairs], 0.95), 2)
+            for phase, pairs in cancels.items()
         }
     out["step_ms"] = round(1000 / out["tok_s_thread"], 2)
     out["stream_ratio_process"] = round(
@@ -262,39 +254,26 @@ def print_table(r: dict[str, Any]) -> None:
         thread = r["cancel_release_thread_p95_ms"][phase]
         process = r["cancel_release_process_p95_ms"][phase]
         print(f"{label:>28} {thread:>10} {process:>10}")
-    for key in (
-        "stream_ratio_process",
-        "ttft_overhead_process_ms",
-        "admit_overhead_process_ms",
-        "step_ms",
-        "restart_s",
-        "kill_release_ms",
-        "stop_grace_s",
-        "targets_met",
-    ):
-        print(f"{key:>28}: {r[key]}")
+    keys = ("stream_ratio_process", "ttft_overhead_process_ms", "admit_overhead_process_ms")
+    _harness.print_keys(r, (*keys, "step_ms", "restart_s", "kill_release_ms", "stop_grace_s"), 28)
+    print(_harness.targets_line(r["targets_met"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--trials", type=int, default=15, help="thread/process stream pairs")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per timed stream")
     parser.add_argument("--cancels", type=int, default=20, help="stop pairs per phase")
     parser.add_argument("--restarts", type=int, default=3, help="kills and hung workers")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
     if args.side is not None:  # one side, in a process of its own
         serve_side(args.side, args.seed)
         return 0
     if min(args.trials, args.cancels, args.restarts) < 1 or args.tokens < 2:
         parser.error("--trials, --cancels and --restarts must be >= 1, --tokens >= 2")
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
+    _harness.emit(run(args), args.json, print_table)
     return 0
 
 

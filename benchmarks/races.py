@@ -16,25 +16,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import argparse
-import json
 import time
+from typing import Any
 
+import _harness
 import races
 from tokenbelt.belt import invariants
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--seconds", type=float, default=120.0, help="how long (default 120)")
     parser.add_argument("--requests", type=int, default=None, help="stop after N requests")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+    args = _harness.parse(parser)
     if args.seconds <= 0 or (args.requests is not None and args.requests < 1):
         parser.error("--seconds and --requests must be positive")
     invariants.enable()
@@ -43,26 +40,24 @@ def main() -> int:
     elapsed = time.monotonic() - started
     violations = invariants.violations()
     ok = not out.problems and not violations and dict(totals) == dict(out.reasons)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "requests": out.requests,
-                    "pairs": len(races.PAIRS),
-                    "seconds": round(elapsed, 1),
-                    "reasons": dict(out.reasons),
-                    "metrics": dict(totals),
-                    "violations": violations,
-                    "problems": out.problems,
-                    "ok": ok,
-                }
-            )
-        )
-    else:
+    result = {
+        "requests": out.requests,
+        "pairs": len(races.PAIRS),
+        "seconds": round(elapsed, 1),
+        "reasons": dict(out.reasons),
+        "metrics": dict(totals),
+        "violations": violations,
+        "problems": out.problems,
+        "ok": ok,
+    }
+
+    def table(_result: dict[str, Any]) -> None:
         print(f"{len(races.PAIRS)} pairs of causes, {elapsed:.1f} s")
         for line in races.summary(out, totals):
             print(line)
         print("ok" if ok else "FAILED")
+
+    _harness.emit(result, args.json, table)
     return 0 if ok else 1
 
 

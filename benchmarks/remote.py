@@ -23,26 +23,18 @@ Run: ``.venv/bin/python benchmarks/remote.py [--json] [--trials N] [--tokens N]
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This folder holds http.py: run as a script, the folder would lead sys.path and hide the
-# standard library's ``http`` package from httpx and uvicorn.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
-import argparse
 import contextlib
-import json
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
+import _harness
 from tokenbelt.engines._threads import usable_cores
 from tokenbelt.models import default_model_path
 
@@ -113,16 +105,9 @@ def _body(model: str, tokens: int) -> dict[str, Any]:
 def stream_once(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float, int]:
     """(time to first token, decode tokens/s, tokens) of one SSE completion, client side."""
     sent = time.perf_counter()
-    stamps: list[float] = []
     with client.stream("POST", f"{url}/v1/completions", json=body, timeout=NET) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            choices = event.get("choices") or []
-            if choices and choices[0].get("text"):
-                stamps.append(time.perf_counter())
+        stamps = _harness.text_times(r.iter_lines())
     if len(stamps) < 2:
         raise SystemExit(f"{url} streamed {len(stamps)} tokens: nothing to time")
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
@@ -206,8 +191,7 @@ def run(upstream: str, model: str | None, trials: int, tokens: int) -> dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = _harness.parser(__doc__)
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens per timed stream")
     parser.add_argument("--upstream", help="an OpenAI-compatible base URL (default: own)")
@@ -217,16 +201,17 @@ def main() -> None:
         type=int,
         help="llama.cpp threads of the own upstream (default: all but one core, at least 1)",
     )
-    args = parser.parse_args()
+    args = _harness.parse(parser)
     if args.upstream:
         result = run(args.upstream.rstrip("/"), args.model, args.trials, args.tokens)
     else:
         threads = args.upstream_threads or max(1, usable_cores() - 1)
         with own_upstream(threads) as url:
             result = run(url, args.model, args.trials, args.tokens)
-    if args.json:
-        print(json.dumps(result))
-        return
+    _harness.emit(result, args.json, print_table)
+
+
+def print_table(result: dict[str, Any]) -> None:
     for key, value in result.items():
         if key != "targets":
             target = result["targets"].get(key)

@@ -20,18 +20,11 @@ Run: ``.venv/bin/python benchmarks/sampling.py [--rounds N] [--tokens N] [--json
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and hide the standard library's http package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
+import _harness
 from tokenbelt import Runtime
 from tokenbelt.models import default_model_path
 
@@ -76,17 +69,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every variant")
     parser.add_argument("--tokens", type=int, default=96, help="tokens per run")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+    args = _harness.parse(parser)
     if args.rounds < 1 or args.tokens < 2:
         parser.error("--rounds must be >= 1 and --tokens >= 2")
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-        return
+    _harness.emit(run(args), args.json, print_table)
+
+
+def print_table(result: dict[str, Any]) -> None:
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")

@@ -43,19 +43,10 @@ Run: ``.venv/bin/python benchmarks/sdk.py [--rounds N] [--tokens N] [--ttft-roun
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and its http.py would hide the standard library's ``http`` package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import codecs
 import importlib.metadata
-import json
 import statistics
 import sys
 import threading
@@ -64,6 +55,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import _harness
 from tokenbelt import EndReason, GenerationRequest, Model, Runtime, SamplingParams
 from tokenbelt.engines import LlamaEngine, Message
 from tokenbelt.engines._threads import usable_cores
@@ -366,12 +358,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    print(
+    title = (
         f"SDK async stream vs bare Llama.generate: {r['model']}, threads "
         f"{r['n_threads']} (batch {r['n_threads_batch']}), Python {r['python']}, "
         f"llama-cpp-python {r['llama_cpp_python']}"
     )
-    print()
     rows = [
         ("decode tok/s, bare (median)", f"{r['bare_tok_s']:.2f}", ""),
         ("decode tok/s, sdk async stream (median)", f"{r['sdk_tok_s']:.2f}", ""),
@@ -380,9 +371,7 @@ def print_table(r: dict[str, Any]) -> None:
         ("time to first token ms, sdk (median)", f"{r['sdk_ttft_ms']:.2f}", ""),
         ("ttft overhead ms (median of pairs)", f"{r['ttft_overhead_ms']:.2f}", "<= 5"),
     ]
-    print(f"{'measure':<42} {'value':>10}  {'target':<8}")
-    for name, value, target in rows:
-        print(f"{name:<42} {value:>10}  {target:<8}")
+    _harness.print_measures(title, rows, 42, target_width=8)
     print()
     print(
         f"{r['rounds']} decode pairs of max {r['max_tokens']} tokens (pieces per run "
@@ -404,12 +393,11 @@ def print_table(r: dict[str, Any]) -> None:
         f"process CPU per token in the decode runs (prefill included, median): sdk "
         f"{r['sdk_cpu_ms_per_token']} ms, bare {r['bare_cpu_ms_per_token']} ms"
     )
-    missed = [name for name, ok in r["targets"].items() if not ok]
-    print("targets: all met" if not missed else f"targets missed: {', '.join(missed)}")
+    print(_harness.targets_line(r["targets"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=8, help="sdk/bare decode pairs")
     parser.add_argument("--tokens", type=int, default=128, help="max tokens per decode run")
     parser.add_argument(
@@ -422,19 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-threads", type=int, default=None, help="llama.cpp prompt (prefill) threads"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
     if args.rounds < 1 or args.ttft_rounds < 0:
         parser.error("--rounds must be >= 1 and --ttft-rounds >= 0")
     if args.batch_threads is not None and args.batch_threads < 1:
         parser.error("--batch-threads must be >= 1")
     if not 2 <= args.tokens <= 1024:
         parser.error("--tokens must be in [2, 1024]")
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
+    _harness.emit(run(args), args.json, print_table)
     return 0
 
 

@@ -16,15 +16,6 @@ Run: ``.venv/bin/python benchmarks/stalled_reader.py [--seconds 30] [--reader-ti
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# benchmarks/http.py shares this folder: run as a script, the folder would lead sys.path
-# and its http.py would hide the standard library's ``http`` package.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
-import argparse
 import contextlib
 import json
 import socket
@@ -35,13 +26,14 @@ from typing import Any
 import psutil
 import uvicorn
 
+import _harness
 from tokenbelt import Runtime, ScriptedEngine, Trace, TraceEvent
 from tokenbelt.models import default_model_path
 from tokenbelt.server import ServerSettings, create_app, http_protocol
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--seconds", type=float, default=30.0, help="how long nobody reads")
     parser.add_argument("--max-tokens", type=int, default=3000, help="tokens asked for")
     parser.add_argument(
@@ -66,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         help="serve a scripted model at this many tokens a second instead of the embedded "
         "model (a steady rate, for figures that do not depend on the CPU)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
 
     traces: list[Trace] = []
 
@@ -168,15 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         "bytes_read_after_resuming": received,
         "samples": samples,
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"{'t s':>6} {'tokens':>8} {'rss MB':>8}")
-        for s in samples:
-            print(f"{s['t_s']:>6} {s['tokens']:>8} {s['rss_mb']:>8}")
-        for key in list(out)[:-1]:
-            print(f"{key:<32} {out[key]}")
+    _harness.emit(out, args.json, print_table)
     return 0
+
+
+def print_table(out: dict[str, Any]) -> None:
+    print(f"{'t s':>6} {'tokens':>8} {'rss MB':>8}")
+    for s in out["samples"]:
+        print(f"{s['t_s']:>6} {s['tokens']:>8} {s['rss_mb']:>8}")
+    for key in list(out)[:-1]:
+        print(f"{key:<32} {out[key]}")
 
 
 if __name__ == "__main__":

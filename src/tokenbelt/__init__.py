@@ -4,11 +4,27 @@ timed and explained.
 The package is layered; lower layers never import higher ones:
 
 1. ``tokenbelt.belt``: the bounded channel, cancellation, deadlines, trace
-2. ``tokenbelt.engines``: llama.cpp, remote (OpenAI-compatible upstreams), scripted
+2. ``tokenbelt.engines``: what produces tokens, behind one producer contract:
+
+   - the batch engine, ``BatchEngine`` (package ``tokenbelt.engines.llama``): llama.cpp
+     serving many sequences from one context; its decode loop is
+     ``BatchEngine._step_once`` (admit, retire, build, decode, sample);
+   - the worker engine, ``WorkerEngine``: the batch engine in a process of its own, so
+     a native crash costs a restart, not the server; its pipe protocol is
+     ``tokenbelt/engines/worker/_messages.py``;
+   - ``RemoteEngine``: OpenAI-compatible upstreams; ``ScriptedEngine``: the test double
 3. ``tokenbelt.models``: catalog, resolution, download cache, probe
 4. ``tokenbelt.runtime``: loaded models, slots, admission queue, sessions (the SDK)
 5. surfaces: ``tokenbelt.server`` (HTTP), ``tokenbelt.cli``
+
+What is exported here is the SDK's surface; every public name says it lives in
+``tokenbelt`` (``__module__``), as trio's do. Engine authors import ``Producer`` and
+``Belt`` from ``tokenbelt.belt``; the single-sequence ``LlamaEngine``, which the runtime
+no longer builds, stays importable from ``tokenbelt.engines`` as a benchmark baseline.
 """
+
+import inspect as _inspect
+import typing as _typing
 
 from ._errors import (
     AdmissionError,
@@ -35,15 +51,16 @@ from ._errors import (
     UpstreamUnavailable,
     WorkerCrashed,
 )
-from .belt import Belt, BeltStatistics, EndReason, Limits, Trace, TraceEvent
+from .belt import BeltStatistics, EndReason, Limits, Trace, TraceEvent
 from .engines import (
+    BatchEngine,
     GenerationRequest,
-    LlamaEngine,
     RemoteEngine,
     SamplingParams,
     ScriptedEngine,
     TokenLogprob,
     Upstream,
+    WorkerEngine,
 )
 from .runtime import (
     DEFAULT_ALIAS,
@@ -64,7 +81,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_ALIAS",
     "AdmissionError",
-    "Belt",
+    "BatchEngine",
     "BeltStatistics",
     "Cancelled",
     "CatalogError",
@@ -80,7 +97,6 @@ __all__ = [
     "IntegrityError",
     "InvalidArgument",
     "Limits",
-    "LlamaEngine",
     "LoadTimeout",
     "Model",
     "ModelError",
@@ -109,5 +125,40 @@ __all__ = [
     "UpstreamUnavailable",
     "Usage",
     "WorkerCrashed",
+    "WorkerEngine",
     "__version__",
 ]
+
+
+def _fixup_module_metadata() -> None:
+    """Every public class says it lives in ``tokenbelt``, as trio's do.
+
+    Only names that ``tokenbelt.<name>`` resolves back to, so ``pickle`` (which finds a
+    class by ``__module__`` and ``__qualname__``) still finds the same object: the
+    worker process unpickles ``GenerationRequest`` and its parts this way. A class's
+    string annotations are resolved first, while its own module still names them:
+    ``typing.get_type_hints`` (and pydantic, which uses it) reads the globals of
+    ``__module__``, where ``tokenbelt``'s lack ``Message`` or ``Mapping``.
+    """
+    for name in __all__:
+        member = globals()[name]
+        module = getattr(member, "__module__", None)
+        private = isinstance(module, str) and module.startswith(f"{__name__}.")
+        if callable(member) and private and getattr(member, "__qualname__", None) == name:
+            if isinstance(member, type):
+                _resolve_annotations(member)
+            member.__module__ = __name__
+
+
+def _resolve_annotations(cls: type) -> None:
+    own = _inspect.get_annotations(cls)
+    if not own:
+        return
+    try:
+        hints = _typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # a name imported for type checkers only: it never resolved
+        return
+    cls.__annotations__ = {key: hints[key] for key in own}
+
+
+_fixup_module_metadata()

@@ -22,18 +22,16 @@ from typing import Any
 import pytest
 
 from tokenbelt import (
-    Belt,
     DecodeError,
     EndReason,
     GenerationRequest,
     IllegalState,
     InvalidArgument,
-    LlamaEngine,
     PromptTooLong,
     SamplingParams,
 )
-from tokenbelt.belt import Deadlines, Trace, TraceEvent
-from tokenbelt.engines import Message
+from tokenbelt.belt import Belt, Deadlines, Trace, TraceEvent
+from tokenbelt.engines import LlamaEngine, Message
 from tokenbelt.models import default_model_path
 
 pytestmark = pytest.mark.model

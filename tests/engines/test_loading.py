@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tokenbelt import LlamaEngine, LoadTimeout, ModelLoadError
-from tokenbelt.engines import check_gguf_file, load_with_deadline
+from tokenbelt import LoadTimeout, ModelLoadError
+from tokenbelt.engines import LlamaEngine, check_gguf_file, load_with_deadline
 from tokenbelt.models import default_model_path
 
 NET = 30.0

@@ -12,12 +12,11 @@ import pytest
 from tokenbelt import (
     GenerationRequest,
     InvalidArgument,
-    LlamaEngine,
     Runtime,
     SamplingParams,
     TokenLogprob,
 )
-from tokenbelt.engines import Piece
+from tokenbelt.engines import LlamaEngine, Piece
 from tokenbelt.engines._wire import request_body
 from tokenbelt.models import default_model_path
 

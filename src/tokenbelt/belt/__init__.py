@@ -1,11 +1,12 @@
 """Layer 1: the belt, cancellation, deadlines, trace and end reasons. No model here."""
 
 from . import _invariants as invariants
-from ._belt import Belt, BeltReader, BeltStatistics, Producer
+from ._belt import Belt, BeltStatistics
 from ._limits import Deadlines, Limits, check_capacity, check_duration
 from ._reasons import EndReason
 from ._timer import DeadlineTimer
 from ._trace import DEFAULT_RELEASE_LAG_THRESHOLD, Observer, Trace, TraceEvent, new_request_id
+from ._views import BeltReader, Producer
 
 __all__ = [
     "DEFAULT_RELEASE_LAG_THRESHOLD",

@@ -15,10 +15,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ._belt import Belt
+
+class Expirable(Protocol):
+    """What the timer needs of a belt: end it if a deadline passed, else say when to look."""
+
+    def expire(self) -> float | None:
+        """End on an expired deadline; the next deadline's monotonic time, or None."""
 
 
 class DeadlineTimer:
@@ -33,7 +37,7 @@ class DeadlineTimer:
     ) -> None:
         self._clock = clock
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, weakref.ref[Belt[Any]]]] = []
+        self._heap: list[tuple[float, int, weakref.ref[Expirable]]] = []
         self._ids = itertools.count()
         self._closed = False
         # Started now, not with the first deadline: the thread's life is the owner's
@@ -43,7 +47,7 @@ class DeadlineTimer:
         )
         self._thread.start()
 
-    def schedule(self, belt: Belt[Any], when: float) -> None:
+    def schedule(self, belt: Expirable, when: float) -> None:
         """Look at ``belt`` at monotonic time ``when`` (it cancels itself if expired)."""
         with self._cond:
             if self._closed:

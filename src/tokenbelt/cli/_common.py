@@ -90,7 +90,7 @@ def positive_int(text: str) -> int:
 
 def n_ctx(text: str) -> int:
     """A context size per sequence: the SDK's own bounds (``Runtime(n_ctx=...)``)."""
-    from ..runtime._runtime import check_n_ctx
+    from ..runtime import check_n_ctx
 
     return _convert(text, lambda t: check_n_ctx(int(t)))
 

@@ -13,6 +13,7 @@ from typing import Any
 from .._errors import DownloadCancelled, IntegrityError
 from ..models import (
     DEVICES,
+    HF_SCHEME,
     Catalog,
     DownloadTimeouts,
     Home,
@@ -22,10 +23,10 @@ from ..models import (
     add_model,
     detect_device,
     forget_model,
+    pull_from_hub,
     remote_entries,
     resolve_and_fetch,
 )
-from ..models._hub import HF_SCHEME, pull_from_hub
 from ._common import Parser, positive_duration, positive_int
 
 

@@ -5,11 +5,12 @@ file (``ResolvedModel``) or raises; a corrupt or truncated file is never returne
 """
 
 from ._cache import ModelCache
-from ._catalog import DEVICES, Catalog, ModelEntry, Variant
+from ._catalog import DEVICES, NAME_PATTERN, Catalog, ModelEntry, Variant
 from ._device import DeviceInfo, detect_device
 from ._download import DownloadResult, DownloadTimeouts, download
 from ._embedded import default_model_path, distribution_file
 from ._home import Home
+from ._hub import HF_SCHEME, pull_from_hub
 from ._probe import ProbeReport, run_probe
 from ._registry import GGUFInfo, add_model, forget_model, read_gguf_info
 from ._remote import RemoteEntry, add_remote, find_remote, remote_entries
@@ -19,6 +20,8 @@ from ._sources import DistributionSource, HuggingFaceSource, PathSource, Source,
 __all__ = [
     "DEFAULT_ALIAS",
     "DEVICES",
+    "HF_SCHEME",
+    "NAME_PATTERN",
     "Catalog",
     "Choice",
     "DeviceInfo",
@@ -46,6 +49,7 @@ __all__ = [
     "download",
     "find_remote",
     "forget_model",
+    "pull_from_hub",
     "read_gguf_info",
     "remote_entries",
     "resolve_and_fetch",

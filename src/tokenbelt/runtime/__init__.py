@@ -2,7 +2,7 @@
 
 from ..models import DEFAULT_ALIAS
 from ._model import Model, ModelState, sampling_from
-from ._runtime import Runtime
+from ._runtime import Runtime, check_n_ctx
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._stream import Reply, Stream, Usage
@@ -21,5 +21,6 @@ __all__ = [
     "Tool",
     "ToolCall",
     "Usage",
+    "check_n_ctx",
     "sampling_from",
 ]

@@ -24,8 +24,7 @@ from ..engines import (
 )
 from ..engines._threads import check_threads, default_threads
 from ..engines._worker import DEFAULT_STOP_GRACE
-from ..models import DEFAULT_ALIAS, find_remote, resolve_and_fetch
-from ..models._catalog import NAME_PATTERN
+from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, resolve_and_fetch
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")

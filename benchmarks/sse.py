@@ -19,24 +19,16 @@ run against it as a peer column. It has no trace, so its release is observed fro
 right after the close a one-token probe request is sent, and the model is taken as free
 when the probe is answered (minus the probe's own latency on an idle server).
 
-Run: ``.venv/bin/python benchmarks/http.py [--json] [--trials N] [--tokens N]``.
+Run: ``.venv/bin/python benchmarks/sse.py [--json] [--trials N] [--tokens N]``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This file is called http.py: run as a script, its folder would lead sys.path and hide
-# the standard library's ``http`` package from httpx and uvicorn.
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
-import argparse
 import contextlib
 import json
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +37,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+import _harness
 from tokenbelt import Runtime
 from tokenbelt.belt import Trace, TraceEvent
 from tokenbelt.engines import GenerationRequest, LlamaEngine, SamplingParams
@@ -159,16 +152,9 @@ class RawRequest:
 def sse_rate(url: str, tokens: int, extra: dict[str, Any] | None = None) -> tuple[float, int]:
     """(content chunks/s between the first and the last chunk, chunks) for one SSE request."""
     body = {"prompt": PROMPT, "max_tokens": tokens, "stream": True, **SAMPLING, **(extra or {})}
-    times: list[float] = []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=NET) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: ") :])
-            choices = event.get("choices") or []
-            if choices and choices[0].get("text"):
-                times.append(time.perf_counter())
+        times = _harness.text_times(response.iter_lines())
     if len(times) < 2:
         raise RuntimeError("the SSE run produced fewer than two tokens")
     return (len(times) - 1) / (times[-1] - times[0]), len(times)
@@ -439,13 +425,12 @@ def table(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--trials", type=int, default=7, help="runs per measurement")
     parser.add_argument("--tokens", type=int, default=96, help="tokens per SSE/bare run")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args = _harness.parse(parser, argv)
     out = summarise(max(1, args.trials), max(4, args.tokens))
-    print(json.dumps(out) if args.json else table(out))
+    _harness.emit(out, args.json, lambda out: print(table(out)))
     return 0
 
 

@@ -1,0 +1,89 @@
+"""What every benchmark script shares: its command line, ``--json``, the table, the targets.
+
+Each script here runs as ``.venv/bin/python benchmarks/NAME.py``, so Python puts this
+folder first on ``sys.path`` and the scripts import this module as ``_harness``. A script
+keeps what it measures and how it lays out its own rows; this module holds only the
+scaffolding they all repeated:
+
+- :func:`parser` and :func:`parse`: an ``argparse`` parser described by the first line of
+  the script's docstring, and ``--json`` (every script has it) added last;
+- :func:`emit`: one JSON object on stdout with ``--json``, else the script's table;
+- :func:`print_measures` (measure / value / target rows), :func:`print_keys` (one
+  ``key: value`` line each) and :func:`targets_line` (``targets: all met`` or which
+  missed);
+- :func:`percentile`: the nearest-rank-from-below percentile several scripts report;
+- :func:`text_times`: when each text chunk of a streamed ``/v1/completions`` arrived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose description is the first line of ``doc`` (the script's docstring)."""
+    return argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Add ``--json`` and parse ``argv`` (default: the command line)."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser.parse_args(argv)
+
+
+def emit(result: Mapping[str, Any], as_json: bool, table: Callable[[Any], None]) -> None:
+    """Print ``result`` as one JSON object when ``as_json``, else as ``table`` lays it out."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        table(result)
+
+
+def print_measures(
+    title: str, rows: Iterable[tuple[str, str, str]], width: int, target_width: int = 10
+) -> None:
+    """``title``, a blank line, then a ``measure / value / target`` table."""
+    print(title)
+    print()
+    print(f"{'measure':<{width}} {'value':>10}  {'target':<{target_width}}")
+    for name, value, target in rows:
+        print(f"{name:<{width}} {value:>10}  {target:<{target_width}}")
+
+
+def print_keys(result: Mapping[str, Any], keys: Iterable[str], width: int) -> None:
+    """One right-aligned ``key: value`` line for each of ``keys``."""
+    for key in keys:
+        print(f"{key:>{width}}: {result[key]}")
+
+
+def targets_line(targets: Mapping[str, bool]) -> str:
+    """``targets: all met``, or the names of the targets missed."""
+    missed = [name for name, ok in targets.items() if not ok]
+    return "targets: all met" if not missed else f"targets missed: {', '.join(missed)}"
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The value at rank ``int(q * n)`` of the sorted values (the last one at most)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def text_times(lines: Iterable[str]) -> list[float]:
+    """``perf_counter()`` as each SSE event of a completion stream that carries text is read.
+
+    ``lines`` are the response's lines as they arrive (``httpx`` ``iter_lines()``); the
+    clock is read right after each event is parsed, so a rate over these times is the
+    client's view of the decode.
+    """
+    times: list[float] = []
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        choices = json.loads(line[len("data: ") :]).get("choices") or []
+        if choices and choices[0].get("text"):
+            times.append(time.perf_counter())
+    return times

@@ -1,0 +1,153 @@
+"""The two ends of a belt, as the belt hands them out.
+
+- ``BeltReader``: one pass of a consumer (``iter(belt)``, ``aiter(belt)``); leaving it
+  early cancels the belt;
+- ``Producer``: ``belt.producer``, the end an engine is given: room, puts, the stop, the
+  request's life and the trace's counters, and nothing of the reader's side.
+
+Both only forward to the ``Belt`` they wrap (``_belt.py``), which holds the state and
+the lock; they carry no state of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from .._errors import EndOfStream
+from ._reasons import EndReason
+
+if TYPE_CHECKING:
+    from ._belt import Belt, BeltStatistics
+    from ._trace import Trace
+
+T = TypeVar("T")
+
+
+class BeltReader(Generic[T]):
+    """One pass of a consumer over a belt, sync or async.
+
+    Leaving the loop early (``break``, an exception, ``close()``/``aclose()``, or
+    the reader being garbage collected) cancels the belt with ``user_cancel``; after
+    a natural end that cancel is a no-op and the end reason stays.
+    """
+
+    __slots__ = ("_belt",)
+
+    def __init__(self, belt: Belt[T]) -> None:
+        self._belt = belt
+
+    def __iter__(self) -> BeltReader[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return self._belt.get()
+        except EndOfStream:
+            raise StopIteration from None
+
+    def __aiter__(self) -> BeltReader[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self._belt.aget()
+        except EndOfStream:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._belt.close()
+
+    async def aclose(self) -> None:
+        self._belt.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self._belt.close()
+
+
+class Producer(Generic[T]):
+    """The producer's end of a belt: all an engine may do with a request.
+
+    One engine loop may hold many of these (a batch engine serves one per sequence):
+
+    - ``has_room()`` / ``put_nowait()`` / ``on_room()``: the non-blocking protocol, so
+      one loop never blocks on any single reader;
+    - ``wait_for_room()`` / ``put()`` / ``checkpoint()``: the blocking protocol of a
+      thread that serves one request;
+    - ``on_cancel()``, ``cancelled``, ``end_reason``: the stop, as it happens;
+    - ``start()``, ``finish()``, ``fail()``, ``release()``: the request's life;
+    - ``count_prompt()``, ``count_token()``, ``count_cached()``: the trace's counters.
+    """
+
+    __slots__ = ("_belt",)
+
+    def __init__(self, belt: Belt[T]) -> None:
+        self._belt = belt
+
+    @property
+    def trace(self) -> Trace:
+        return self._belt.trace
+
+    @property
+    def capacity(self) -> int:
+        return self._belt.capacity
+
+    @property
+    def cancelled(self) -> bool:
+        return self._belt.cancelled
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        return self._belt.end_reason
+
+    def statistics(self) -> BeltStatistics:
+        """The belt's counters: how many items the reader has taken (``consumed``)."""
+        return self._belt.statistics()
+
+    def has_room(self) -> bool:
+        return self._belt.has_room()
+
+    def put_nowait(self, item: T) -> None:
+        self._belt.put_nowait(item)
+
+    def on_room(self, callback: Callable[[], None]) -> bool:
+        return self._belt.on_room(callback)
+
+    def wait_for_room(self) -> None:
+        self._belt.wait_for_room()
+
+    def put(self, item: T) -> None:
+        self._belt.put(item)
+
+    def checkpoint(self) -> None:
+        self._belt.checkpoint()
+
+    def on_cancel(self, callback: Callable[[EndReason], None]) -> None:
+        self._belt.on_cancel(callback)
+
+    def start(self) -> None:
+        self._belt.start()
+
+    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
+        return self._belt.finish(reason)
+
+    def fail(self, error: BaseException) -> bool:
+        return self._belt.fail(error)
+
+    def cancel(self, reason: EndReason) -> bool:
+        """End the request for a reason of the engine's own (``shutdown`` on close)."""
+        return self._belt.cancel(reason)
+
+    def release(self) -> None:
+        self._belt.release()
+
+    def count_prompt(self, tokens: int) -> None:
+        self._belt.trace.prompt_tokens = tokens
+
+    def count_cached(self, tokens: int) -> None:
+        self._belt.trace.cached_tokens = tokens
+
+    def count_token(self) -> None:
+        self._belt.trace.completion_tokens += 1
