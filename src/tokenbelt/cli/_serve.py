@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..runtime import Runtime
     from ..server import ServerSettings, create_app, http_protocol
-    from ..server._shutdown import GracefulServer
+    from ..server.core._shutdown import GracefulServer
 
     from_env = os.environ.get("TOKENBELT_API_KEY") or None
     keys = args.api_key or ([from_env] if from_env else [])

@@ -25,18 +25,12 @@ from .._errors import InvalidArgument
 from ..belt import EndReason
 from ..engines import GenerationRequest, SamplingParams
 from ..runtime import Model, Runtime, Stream, sampling_from
-from . import (
-    _anthropic,
-    _anthropic_schemas,
-    _errors,
-    _ollama,
-    _ollama_schemas,
-    _openapi,
-    _tools,
-)
-from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
-from ._errors import Dialects, UnsupportedParameter, error_response
-from ._middleware import (
+from . import _openapi
+from .anthropic import _routes as _anthropic
+from .anthropic import _schemas as _anthropic_schemas
+from .core import _errors
+from .core._errors import Dialects, UnsupportedParameter, error_response
+from .core._middleware import (
     CALLER,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
@@ -44,9 +38,13 @@ from ._middleware import (
     JsonBodyMiddleware,
     RequestIdMiddleware,
 )
-from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
-from ._state import ServerSettings, ServerState
+from .core._path import RELEASE_WAIT_S, RequestPath, tokenbelt_final
+from .core._state import ServerSettings, ServerState
+from .ollama import _routes as _ollama
+from .ollama import _schemas as _ollama_schemas
+from .openai import _tools
+from .openai._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
+from .openai._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 
 STATIC = Path(__file__).parent / "static"
 API = "openai"

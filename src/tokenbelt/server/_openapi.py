@@ -14,8 +14,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import _anthropic, _ollama
-from ._middleware import PROTECTED
+from .anthropic import _routes as _anthropic
+from .core._middleware import PROTECTED
+from .ollama import _routes as _ollama
 
 #: the routes that submit a generation (admission, deadlines, engine failures)
 GENERATING = frozenset(

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .._errors import InvalidArgument
-from ..engines._grammar import Grammar, json_object_grammar, schema_grammar
-from ._errors import UnsupportedParameter
-from ._schemas import TokenbeltOptions
+from ..._errors import InvalidArgument
+from ...engines._grammar import Grammar, json_object_grammar, schema_grammar
+from ..core._errors import UnsupportedParameter
+from ..openai._schemas import TokenbeltOptions
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -18,13 +18,13 @@ from typing import Any, cast
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from ..belt import EndReason
-from ..engines import GenerationRequest
-from ..runtime import Stream, sampling_from
-from ._anthropic_schemas import MessagesRequest, error_shape
-from ._errors import compact_json
-from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
-from ._state import ServerState
+from ...belt import EndReason
+from ...engines import GenerationRequest
+from ...runtime import Stream, sampling_from
+from ..core._errors import compact_json
+from ..core._path import RELEASE_WAIT_S, RequestPath, tokenbelt_final
+from ..core._state import ServerState
+from ._schemas import MessagesRequest, error_shape
 
 PREFIX = "/v1/messages"
 API = "anthropic"

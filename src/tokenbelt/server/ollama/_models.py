@@ -20,16 +20,16 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from .. import __version__
-from .._errors import ModelError, UnknownModel
-from ..models import Catalog, GGUFInfo, Home, ModelCache, Variant, choose_variant, read_gguf_info
-from ..runtime import ModelState
-from ._errors import response_for
-from ._ollama_pull import Pull
-from ._ollama_schemas import EmbedRequest, NameRequest, PullRequest, error_shape
-from ._responses import DeferredResponse, EventStreamResponse, ndjson
-from ._serving import Asgi
-from ._state import ServerState
+from ... import __version__
+from ..._errors import ModelError, UnknownModel
+from ...models import Catalog, GGUFInfo, Home, ModelCache, Variant, choose_variant, read_gguf_info
+from ...runtime import ModelState
+from ..core._errors import response_for
+from ..core._path import Asgi
+from ..core._responses import DeferredResponse, EventStreamResponse, ndjson
+from ..core._state import ServerState
+from ._pull import Pull
+from ._schemas import EmbedRequest, NameRequest, PullRequest, error_shape
 
 #: the Ollama API release whose routes and fields these follow
 OLLAMA_API_VERSION = "0.6.0"

@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engines import Message
-from ._errors import UnsupportedParameter
-from ._schemas import TokenbeltOptions
+from ...engines import Message
+from ..core._errors import UnsupportedParameter
+from ..openai._schemas import TokenbeltOptions
 
 #: HTTP status -> Anthropic's error type
 _TYPES = {

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
-from ..belt import Limits, Trace, TraceEvent
-from ..engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
-from ..runtime import Model, ModelState, Runtime, Stream
+from ..._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
+from ...belt import Limits, Trace, TraceEvent
+from ...engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
+from ...runtime import Model, ModelState, Runtime, Stream
+from ..openai._schemas import TokenbeltOptions
 from ._metrics import Metrics
 from ._middleware import Caller
-from ._schemas import TokenbeltOptions
 
 logger = logging.getLogger("tokenbelt.server")
 
@@ -182,7 +182,7 @@ class ServerState:
 
     def catalog(self) -> list[dict[str, Any]]:
         """The catalog's aliases this server could be started with, and if they are cached."""
-        from ..models import Catalog, Home, ModelCache
+        from ...models import Catalog, Home, ModelCache
 
         try:
             home = Home.from_env()

@@ -16,10 +16,11 @@ import anyio
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from .._errors import RuntimeClosed
-from ..belt import EndReason, new_request_id
-from ..engines import GenerationRequest
-from ..runtime import Model, ModelState, Stream
+from ..._errors import RuntimeClosed
+from ...belt import EndReason, new_request_id
+from ...engines import GenerationRequest
+from ...runtime import Model, ModelState, Stream
+from ..openai._schemas import TokenbeltOptions
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._middleware import CALLER, REQUEST_ID
 from ._responses import (
@@ -30,7 +31,6 @@ from ._responses import (
     reader_gone,
     sse,
 )
-from ._schemas import TokenbeltOptions
 from ._state import ServerState
 
 #: how long an answer waits for the engine to let go before it is written anyway

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .._defaults import DEFAULT_MAX_TOKENS
+from ..._defaults import DEFAULT_MAX_TOKENS
 from ._tools import CallSpec, ResponseFormat, ToolChoice, ToolSpec
 
 # Long enough for any real use, short enough that a typo is caught.

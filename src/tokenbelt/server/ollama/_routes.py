@@ -4,7 +4,7 @@ Streams are NDJSON (one JSON object a line, the last with ``done: true``) unless
 ``stream`` is false. The last object carries ``done_reason`` (``stop``, ``length``,
 or the exact tokenbelt end reason, such as ``user_cancel`` or ``total_timeout``), the
 durations Ollama reports (nanoseconds, from the request's trace) and a ``tokenbelt``
-object with the end reason and the trace. The model routes live in ``_ollama_models``.
+object with the end reason and the trace. The model routes live in ``_models``.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import anyio
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
-from ..belt import EndReason
-from ..engines import GenerationRequest, Message
-from ..runtime import Model, sampling_from
-from . import _ollama_models
-from ._errors import UnsupportedParameter
-from ._ollama_schemas import ChatRequest, GenerateRequest, _Generation, error_shape
-from ._responses import ndjson
-from ._serving import RELEASE_WAIT_S, RequestPath, Submitted, tokenbelt_final
-from ._state import ServerState
+from ...belt import EndReason
+from ...engines import GenerationRequest, Message
+from ...runtime import Model, sampling_from
+from ..core._errors import UnsupportedParameter
+from ..core._path import RELEASE_WAIT_S, RequestPath, Submitted, tokenbelt_final
+from ..core._responses import ndjson
+from ..core._state import ServerState
+from . import _models
+from ._schemas import ChatRequest, GenerateRequest, _Generation, error_shape
 
 PREFIX = "/api/"
 API = "ollama"
@@ -86,7 +86,7 @@ def router(state: ServerState, path: RequestPath) -> APIRouter:
     api = APIRouter(prefix="/api", tags=["ollama"])
 
     def model_for(name: str) -> Model:
-        return state.model_for(_ollama_models.local_name(state, name))
+        return state.model_for(_models.local_name(state, name))
 
     async def load_or_unload(model: Model, body: _Generation, chat: bool) -> Response:
         """Ollama's way to load a model (no prompt), or unload it (``keep_alive: 0``)."""
@@ -203,5 +203,5 @@ def router(state: ServerState, path: RequestPath) -> APIRouter:
             )
         return await run(model, body, request, False)
 
-    _ollama_models.add_routes(api, state)
+    _models.add_routes(api, state)
     return api

@@ -1,0 +1,1 @@
+"""The serving core every dialect shares."""
