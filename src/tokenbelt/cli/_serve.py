@@ -224,8 +224,7 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..runtime import Runtime
-    from ..server import ServerSettings, create_app, http_protocol
-    from ..server.core._shutdown import GracefulServer
+    from ..server import GracefulServer, ServerSettings, create_app, http_protocol
 
     from_env = os.environ.get("TOKENBELT_API_KEY") or None
     keys = args.api_key or ([from_env] if from_env else [])

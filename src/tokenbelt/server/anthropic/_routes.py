@@ -21,9 +21,7 @@ from starlette.responses import Response
 from ...belt import EndReason
 from ...engines import GenerationRequest
 from ...runtime import Stream, sampling_from
-from ..core._errors import compact_json
-from ..core._path import RELEASE_WAIT_S, RequestPath, tokenbelt_final
-from ..core._state import ServerState
+from ..core import RELEASE_WAIT_S, Serving, compact_json, tokenbelt_final
 from ._schemas import MessagesRequest, error_shape
 
 PREFIX = "/v1/messages"
@@ -58,78 +56,76 @@ def _message(stream: Stream, model: str, content: list[dict[str, Any]]) -> dict[
     }
 
 
-def router(state: ServerState, path: RequestPath) -> APIRouter:
-    """The Messages API over ``state``'s models, submitting through ``path``."""
-    api = APIRouter(tags=["anthropic"])
+#: the Messages API, one module-level router (the serving core comes as ``Serving``)
+router = APIRouter(tags=["anthropic"])
 
-    def render(stream: Stream, model: str) -> dict[str, Any]:
-        return {
-            **_message(stream, model, [{"type": "text", "text": stream.text}]),
-            "stop_reason": stop_reason(stream),
-            "stop_sequence": stream.trace.stop_sequence,
-            "usage": {
-                "input_tokens": stream.trace.prompt_tokens,
-                "output_tokens": stream.trace.completion_tokens,
-            },
-            "tokenbelt": tokenbelt_final(stream),
-        }
 
-    async def events(stream: Stream, model: str) -> AsyncIterator[object]:
-        yield "message_start", {"type": "message_start", "message": _message(stream, model, [])}
-        yield (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        )
-        error: str | None = None
-        try:
-            async for piece in stream:
-                yield (
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "text_delta", "text": piece},
-                    },
-                )
-        except Exception as exc:  # the engine failed: say so in the stream, then end it
-            error = f"generation failed: {type(exc).__name__}: {exc}"
-        await stream.await_released(RELEASE_WAIT_S)
-        if error is not None:
-            _, body = error_shape(500, error, "server_error", "runtime_error", None)
-            yield "error", {**body, "tokenbelt": tokenbelt_final(stream)}
-            return
-        yield "content_block_stop", {"type": "content_block_stop", "index": 0}
-        yield (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": stop_reason(stream),
-                    "stop_sequence": stream.trace.stop_sequence,
+def _render(stream: Stream, model: str) -> dict[str, Any]:
+    return {
+        **_message(stream, model, [{"type": "text", "text": stream.text}]),
+        "stop_reason": stop_reason(stream),
+        "stop_sequence": stream.trace.stop_sequence,
+        "usage": {
+            "input_tokens": stream.trace.prompt_tokens,
+            "output_tokens": stream.trace.completion_tokens,
+        },
+        "tokenbelt": tokenbelt_final(stream),
+    }
+
+
+async def _events(stream: Stream, model: str) -> AsyncIterator[object]:
+    yield "message_start", {"type": "message_start", "message": _message(stream, model, [])}
+    yield (
+        "content_block_start",
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "text", "text": ""},
+        },
+    )
+    error: str | None = None
+    try:
+        async for piece in stream:
+            yield (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": piece},
                 },
-                "usage": {"output_tokens": stream.trace.completion_tokens},
-                "tokenbelt": tokenbelt_final(stream),
-            },
-        )
-        yield "message_stop", {"type": "message_stop"}
-
-    @api.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")
-    async def messages(body: MessagesRequest) -> Response:
-        model = state.model_for(body.model or None)
-        request = GenerationRequest(messages=body.chat(), sampling=sampling_from(body.sampling()))
-        stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
-        # Anthropic's SDKs read the request id from ``request-id``.
-        headers = {"request-id": stream.request_id}
-        if body.stream:
-            return path.streaming(
-                stream, events(stream, model.name), headers=headers, encode=sse_event
             )
-        return path.answer(
-            stream, lambda s: render(s, model.name), shape=error_shape, headers=headers
-        )
+    except Exception as exc:  # the engine failed: say so in the stream, then end it
+        error = f"generation failed: {type(exc).__name__}: {exc}"
+    await stream.await_released(RELEASE_WAIT_S)
+    if error is not None:
+        _, body = error_shape(500, error, "server_error", "runtime_error", None)
+        yield "error", {**body, "tokenbelt": tokenbelt_final(stream)}
+        return
+    yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": stop_reason(stream),
+                "stop_sequence": stream.trace.stop_sequence,
+            },
+            "usage": {"output_tokens": stream.trace.completion_tokens},
+            "tokenbelt": tokenbelt_final(stream),
+        },
+    )
+    yield "message_stop", {"type": "message_stop"}
 
-    return api
+
+@router.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")
+async def messages(body: MessagesRequest, path: Serving) -> Response:
+    model = path.state.model_for(body.model or None)
+    request = GenerationRequest(messages=body.chat(), sampling=sampling_from(body.sampling()))
+    stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
+    # Anthropic's SDKs read the request id from ``request-id``.
+    headers = {"request-id": stream.request_id}
+    if body.stream:
+        return path.streaming(
+            stream, _events(stream, model.name), headers=headers, encode=sse_event
+        )
+    return path.answer(stream, lambda s: _render(s, model.name), shape=error_shape, headers=headers)

@@ -12,8 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...engines import Message
-from ..core._errors import UnsupportedParameter
-from ..openai._schemas import TokenbeltOptions
+from ..core import TokenbeltOptions, UnsupportedParameter
 
 #: HTTP status -> Anthropic's error type
 _TYPES = {

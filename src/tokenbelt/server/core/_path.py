@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+from fastapi import Depends, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -20,9 +21,9 @@ from ..._errors import RuntimeClosed
 from ...belt import EndReason, new_request_id
 from ...engines import GenerationRequest
 from ...runtime import Model, ModelState, Stream
-from ..openai._schemas import TokenbeltOptions
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._middleware import CALLER, REQUEST_ID
+from ._options import TokenbeltOptions
 from ._responses import (
     DeferredResponse,
     Encode,
@@ -212,6 +213,16 @@ class RequestPath:
 
         later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
         return Asgi(DeferredResponse(_stop_all(streams, disconnect), later))
+
+
+async def serving(request: Request) -> RequestPath:
+    """The serving core of the app a request came to (a route's dependency)."""
+    path: RequestPath = request.app.state.tokenbelt_path
+    return path
+
+
+#: what a route declares to be given the serving core: ``path: Serving``
+Serving = Annotated[RequestPath, Depends(serving)]
 
 
 def _stop_all(

@@ -15,9 +15,9 @@ from ..._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltE
 from ...belt import Limits, Trace, TraceEvent
 from ...engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
 from ...runtime import Model, ModelState, Runtime, Stream
-from ..openai._schemas import TokenbeltOptions
 from ._metrics import Metrics
 from ._middleware import Caller
+from ._options import TokenbeltOptions
 
 logger = logging.getLogger("tokenbelt.server")
 

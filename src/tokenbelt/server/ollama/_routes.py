@@ -20,10 +20,15 @@ from starlette.responses import JSONResponse, Response
 from ...belt import EndReason
 from ...engines import GenerationRequest, Message
 from ...runtime import Model, sampling_from
-from ..core._errors import UnsupportedParameter
-from ..core._path import RELEASE_WAIT_S, RequestPath, Submitted, tokenbelt_final
-from ..core._responses import ndjson
-from ..core._state import ServerState
+from ..core import (
+    RELEASE_WAIT_S,
+    RequestPath,
+    Serving,
+    Submitted,
+    UnsupportedParameter,
+    ndjson,
+    tokenbelt_final,
+)
 from . import _models
 from ._schemas import ChatRequest, GenerateRequest, _Generation, error_shape
 
@@ -81,127 +86,129 @@ def _apply_keep_alive(model: Model, seconds: float | Literal[False] | None) -> N
         model.set_keep_alive(seconds)
 
 
-def router(state: ServerState, path: RequestPath) -> APIRouter:
-    """The Ollama routes over ``state``'s models, submitting through ``path``."""
-    api = APIRouter(prefix="/api", tags=["ollama"])
+#: the Ollama routes, one module-level router (the serving core comes as ``Serving``)
+router = APIRouter(prefix="/api", tags=["ollama"])
 
-    def model_for(name: str) -> Model:
-        return state.model_for(_models.local_name(state, name))
 
-    async def load_or_unload(model: Model, body: _Generation, chat: bool) -> Response:
-        """Ollama's way to load a model (no prompt), or unload it (``keep_alive: 0``)."""
-        seconds = _keep_alive(model, body)
-        unloads = seconds is not False and seconds == 0  # False: not given, a load
-        # The new keep_alive first: applied after the load, an earlier 0 would unload
-        # the model this request just loaded. (Loading only to unload would be a waste.)
-        await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
-        if not unloads:
-            await anyio.to_thread.run_sync(model.ensure_loaded)
-        content = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-        return JSONResponse(
-            {
-                "model": model.name,
-                "created_at": now(),
-                **content,
-                "done": True,
-                "done_reason": "unload" if unloads else "load",
-            }
-        )
+def _model_for(path: RequestPath, name: str) -> Model:
+    return path.state.model_for(_models.local_name(path.state, name))
 
-    def final(submitted: Submitted, name: str, chat: bool, text: str) -> dict[str, Any]:
-        stream = submitted.stream
-        reason = stream.end_reason or EndReason.RUNTIME_ERROR
-        content = (
-            {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
-        )
-        return {
-            "model": name,
+
+async def _load_or_unload(model: Model, body: _Generation, chat: bool) -> Response:
+    """Ollama's way to load a model (no prompt), or unload it (``keep_alive: 0``)."""
+    seconds = _keep_alive(model, body)
+    unloads = seconds is not False and seconds == 0  # False: not given, a load
+    # The new keep_alive first: applied after the load, an earlier 0 would unload
+    # the model this request just loaded. (Loading only to unload would be a waste.)
+    await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
+    if not unloads:
+        await anyio.to_thread.run_sync(model.ensure_loaded)
+    content = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return JSONResponse(
+        {
+            "model": model.name,
             "created_at": now(),
             **content,
             "done": True,
-            "done_reason": reason.value,
-            **durations(submitted),
-            "tokenbelt": tokenbelt_final(stream),
+            "done_reason": "unload" if unloads else "load",
         }
+    )
 
-    async def events(submitted: Submitted, name: str, chat: bool) -> AsyncIterator[object]:
-        stream = submitted.stream
-        error: str | None = None
-        try:
-            async for piece in stream:
-                content: dict[str, Any] = (
-                    {"message": {"role": "assistant", "content": piece}}
-                    if chat
-                    else {"response": piece}
-                )
-                yield {"model": name, "created_at": now(), **content, "done": False}
-        except Exception as exc:  # the engine failed: say so in the stream, then end it
-            error = f"generation failed: {type(exc).__name__}: {exc}"
-        await stream.await_released(RELEASE_WAIT_S)
-        if error is not None:
-            # The ``ollama`` client raises ``ResponseError`` for a line with ``error``.
-            yield {"error": error, "tokenbelt": tokenbelt_final(stream)}
-            return
-        yield final(submitted, name, chat, "")
 
-    async def run(
-        model: Model, body: _Generation, request: GenerationRequest, chat: bool
-    ) -> Response:
-        seconds = _keep_alive(model, body)
-        submitted = await path.submit(model, request, body.tokenbelt, api=API)
-        stream = submitted.stream
-        try:
-            # After the submit: the model is busy now, so 0 unloads it once this is released.
-            await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
-        except BaseException:
-            stream.cancel()
-            raise
-        if body.stream:
-            return path.streaming(
-                stream,
-                events(submitted, model.name, chat),
-                encode=ndjson,
-                media_type=NDJSON,
+def _final(submitted: Submitted, name: str, chat: bool, text: str) -> dict[str, Any]:
+    stream = submitted.stream
+    reason = stream.end_reason or EndReason.RUNTIME_ERROR
+    content = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+    return {
+        "model": name,
+        "created_at": now(),
+        **content,
+        "done": True,
+        "done_reason": reason.value,
+        **durations(submitted),
+        "tokenbelt": tokenbelt_final(stream),
+    }
+
+
+async def _events(submitted: Submitted, name: str, chat: bool) -> AsyncIterator[object]:
+    stream = submitted.stream
+    error: str | None = None
+    try:
+        async for piece in stream:
+            content: dict[str, Any] = (
+                {"message": {"role": "assistant", "content": piece}}
+                if chat
+                else {"response": piece}
             )
-        return path.answer(
+            yield {"model": name, "created_at": now(), **content, "done": False}
+    except Exception as exc:  # the engine failed: say so in the stream, then end it
+        error = f"generation failed: {type(exc).__name__}: {exc}"
+    await stream.await_released(RELEASE_WAIT_S)
+    if error is not None:
+        # The ``ollama`` client raises ``ResponseError`` for a line with ``error``.
+        yield {"error": error, "tokenbelt": tokenbelt_final(stream)}
+        return
+    yield _final(submitted, name, chat, "")
+
+
+async def _run(
+    path: RequestPath, model: Model, body: _Generation, request: GenerationRequest, chat: bool
+) -> Response:
+    seconds = _keep_alive(model, body)
+    submitted = await path.submit(model, request, body.tokenbelt, api=API)
+    stream = submitted.stream
+    try:
+        # After the submit: the model is busy now, so 0 unloads it once this is released.
+        await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
+    except BaseException:
+        stream.cancel()
+        raise
+    if body.stream:
+        return path.streaming(
             stream,
-            lambda s: final(submitted, model.name, chat, s.text),
-            shape=error_shape,
+            _events(submitted, model.name, chat),
+            encode=ndjson,
+            media_type=NDJSON,
         )
+    return path.answer(
+        stream,
+        lambda s: _final(submitted, model.name, chat, s.text),
+        shape=error_shape,
+    )
 
-    @api.post("/chat", summary="Ollama: chat (NDJSON stream unless stream is false)")
-    async def chat(body: ChatRequest) -> Response:
-        body.check_supported()
-        model = model_for(body.model)
-        if not body.messages:
-            return await load_or_unload(model, body, chat=True)
-        messages: tuple[Message, ...] = tuple(
-            {"role": m.role, "content": m.content} for m in body.messages
+
+@router.post("/chat", summary="Ollama: chat (NDJSON stream unless stream is false)")
+async def chat(body: ChatRequest, path: Serving) -> Response:
+    body.check_supported()
+    model = _model_for(path, body.model)
+    if not body.messages:
+        return await _load_or_unload(model, body, chat=True)
+    messages: tuple[Message, ...] = tuple(
+        {"role": m.role, "content": m.content} for m in body.messages
+    )
+    sampling = sampling_from(body.sampling(model.context_length))
+    request = GenerationRequest(messages=messages, sampling=sampling, grammar=body.grammar())
+    return await _run(path, model, body, request, True)
+
+
+@router.post("/generate", summary="Ollama: completion of a prompt (raw, or in the chat template)")
+async def generate(body: GenerateRequest, path: Serving) -> Response:
+    body.check_supported()
+    model = _model_for(path, body.model)
+    if not body.prompt:
+        return await _load_or_unload(model, body, chat=False)
+    sampling = sampling_from(body.sampling(model.context_length))
+    if body.raw:
+        request = GenerationRequest(prompt=body.prompt, sampling=sampling, grammar=body.grammar())
+    else:
+        messages: list[Message] = []
+        if body.system:
+            messages.append({"role": "system", "content": body.system})
+        messages.append({"role": "user", "content": body.prompt})
+        request = GenerationRequest(
+            messages=tuple(messages), sampling=sampling, grammar=body.grammar()
         )
-        sampling = sampling_from(body.sampling(model.context_length))
-        request = GenerationRequest(messages=messages, sampling=sampling, grammar=body.grammar())
-        return await run(model, body, request, True)
+    return await _run(path, model, body, request, False)
 
-    @api.post("/generate", summary="Ollama: completion of a prompt (raw, or in the chat template)")
-    async def generate(body: GenerateRequest) -> Response:
-        body.check_supported()
-        model = model_for(body.model)
-        if not body.prompt:
-            return await load_or_unload(model, body, chat=False)
-        sampling = sampling_from(body.sampling(model.context_length))
-        if body.raw:
-            request = GenerationRequest(
-                prompt=body.prompt, sampling=sampling, grammar=body.grammar()
-            )
-        else:
-            messages: list[Message] = []
-            if body.system:
-                messages.append({"role": "system", "content": body.system})
-            messages.append({"role": "user", "content": body.prompt})
-            request = GenerationRequest(
-                messages=tuple(messages), sampling=sampling, grammar=body.grammar()
-            )
-        return await run(model, body, request, False)
 
-    _models.add_routes(api, state)
-    return api
+router.include_router(_models.router)

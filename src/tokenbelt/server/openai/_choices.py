@@ -10,7 +10,7 @@ from typing import Any
 
 from ...engines import TokenLogprob
 from ...runtime import Stream
-from ..core._errors import UnsupportedParameter
+from ..core import UnsupportedParameter
 from ._schemas import AssistantMessage, Message, ToolMessage
 
 #: content part types that hold an image (answered with a 400 naming the missing vision)

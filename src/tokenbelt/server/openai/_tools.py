@@ -31,7 +31,7 @@ from ...runtime._structured import (
     tools_grammar,
     tools_json,
 )
-from ..core._errors import UnsupportedParameter
+from ..core import UnsupportedParameter
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
