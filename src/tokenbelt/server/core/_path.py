@@ -89,7 +89,6 @@ class RequestPath:
         """
         if self.state.shutting_down:
             raise RuntimeClosed("the server is shutting down")
-        settings = self.state.settings
         # Every API's request goes by the id its answer carries (``RequestIdMiddleware``).
         request_id = request_id or REQUEST_ID.get()
         request_id = self.state.request_id_from(request_id) or new_request_id()
@@ -102,8 +101,8 @@ class RequestPath:
                 partial(
                     model.submit,
                     request,
-                    limits=self.state.limits_for(options),
-                    capacity=(options.capacity if options else None) or settings.capacity,
+                    limits=self.state.limits_for(options, model),
+                    capacity=self.state.capacity_for(options),
                     request_id=request_id,
                 )
             )
