@@ -198,12 +198,6 @@ def _final(choices: list[Choice], plan: _tools.Plan) -> dict[str, Any]:
     return extension
 
 
-def _finish_reason(reason: EndReason, plan: _tools.Plan | None) -> str:
-    if plan is not None and plan.calls and reason is EndReason.STOP:
-        return "tool_calls"
-    return finish_reason(reason)
-
-
 async def _events(
     choices: list[Choice],
     model: str,
@@ -273,7 +267,7 @@ async def _events(
                 yield chunk(c, delta)
         last: dict[str, Any] = {
             "index": c.index,
-            "finish_reason": _finish_reason(reason, plans[c.index]),
+            "finish_reason": finish_reason(reason, plans[c.index]),
             **logprobs(c),
         }
         if chat:
@@ -322,7 +316,7 @@ def _respond(
             choice: dict[str, Any] = {
                 "index": c.index,
                 "message": message,
-                "finish_reason": _finish_reason(end, plans[c.index]),
+                "finish_reason": finish_reason(end, plans[c.index]),
             }
             if scored:
                 choice["logprobs"] = chat_logprobs(s.logprobs)

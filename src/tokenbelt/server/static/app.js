@@ -160,7 +160,7 @@
   }
 
   // -- settings: the server's limits, checked in the form ----------------------------------
-  // The same bounds as the server's request schema (tokenbelt/server/_schemas.py); a test
+  // The same bounds as the server's request schema (tokenbelt/server/core/_options.py); a test
   // compares them with /openapi.json so the two cannot drift apart.
 
   const DEFAULT_MAX_TOKENS = 512;
