@@ -4,12 +4,13 @@
   through which each route is given it;
 - ``_responses``: the SSE/NDJSON writer and the deferred answer, raced against the
   client's disconnect;
-- ``_options``: tokenbelt's own request options and sampling ranges;
+- ``_options``: tokenbelt's own request options, and the sampling ranges (``ranges``);
 - ``_control``: tokenbelt's own routes (health, metrics, ``/v1/requests``, cancel);
 - ``_state``, ``_errors``, ``_middleware``, ``_metrics``, ``_h11`` (uvicorn's h11
   protocol, kept in bounds) and ``_shutdown``.
 """
 
+from . import _options as ranges
 from ._control import router as control_router
 from ._errors import (
     NO_RETRY,
@@ -34,17 +35,7 @@ from ._middleware import (
     JsonBodyMiddleware,
     RequestIdMiddleware,
 )
-from ._options import (
-    MAX_TIMEOUT_S,
-    MinP,
-    RepeatPenalty,
-    Seed,
-    Stop,
-    Temperature,
-    TokenbeltOptions,
-    TopK,
-    TopP,
-)
+from ._options import MAX_TIMEOUT_S, TokenbeltOptions
 from ._path import RELEASE_WAIT_S, Asgi, RequestPath, Serving, Submitted, tokenbelt_final
 from ._responses import DeferredResponse, EventStreamResponse, ndjson, sse
 from ._shutdown import GracefulServer
@@ -66,20 +57,13 @@ __all__ = [
     "GracefulServer",
     "HostMiddleware",
     "JsonBodyMiddleware",
-    "MinP",
-    "RepeatPenalty",
     "RequestIdMiddleware",
     "RequestPath",
-    "Seed",
     "ServerSettings",
     "ServerState",
     "Serving",
-    "Stop",
     "Submitted",
-    "Temperature",
     "TokenbeltOptions",
-    "TopK",
-    "TopP",
     "UnsupportedParameter",
     "compact_json",
     "control_router",
@@ -90,6 +74,7 @@ __all__ = [
     "install",
     "ndjson",
     "openai_shape",
+    "ranges",
     "response_for",
     "sse",
     "tokenbelt_final",

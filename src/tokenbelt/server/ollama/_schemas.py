@@ -17,17 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument
 from ...engines._grammar import Grammar, json_object_grammar, schema_grammar
-from ..core import (
-    MinP,
-    RepeatPenalty,
-    Seed,
-    Stop,
-    Temperature,
-    TokenbeltOptions,
-    TopK,
-    TopP,
-    UnsupportedParameter,
-)
+from ..core import TokenbeltOptions, UnsupportedParameter, ranges
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -45,13 +35,13 @@ class Options(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    min_p: MinP = None
-    repeat_penalty: RepeatPenalty = None
-    seed: Seed = None
-    stop: Stop = None
+    temperature: ranges.Temperature = None
+    top_p: ranges.TopP = None
+    top_k: ranges.TopK = None
+    min_p: ranges.MinP = None
+    repeat_penalty: ranges.RepeatPenalty = None
+    seed: ranges.Seed = None
+    stop: ranges.Stop = None
     num_predict: int | None = Field(
         None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: up to the context"
     )

@@ -7,16 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..._defaults import DEFAULT_MAX_TOKENS
-from ..core import (
-    MinP,
-    RepeatPenalty,
-    Seed,
-    Stop,
-    Temperature,
-    TokenbeltOptions,
-    TopK,
-    TopP,
-)
+from ..core import TokenbeltOptions, ranges
 from ._tools import CallSpec, ResponseFormat, ToolChoice, ToolSpec
 
 
@@ -109,13 +100,13 @@ class _Sampling(BaseModel):
         description=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS})",
     )
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    min_p: MinP = None
-    repeat_penalty: RepeatPenalty = None
-    seed: Seed = None
-    stop: Stop = None
+    temperature: ranges.Temperature = None
+    top_p: ranges.TopP = None
+    top_k: ranges.TopK = None
+    min_p: ranges.MinP = None
+    repeat_penalty: ranges.RepeatPenalty = None
+    seed: ranges.Seed = None
+    stop: ranges.Stop = None
     n: int = Field(
         1, ge=1, le=MAX_CHOICES, description="choices to generate, each a sequence of its own"
     )
