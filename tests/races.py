@@ -29,7 +29,7 @@ from tokenbelt import Limits, Runtime, ScriptedEngine
 from tokenbelt._errors import DecodeError
 from tokenbelt.belt import EndReason, invariants
 from tokenbelt.runtime import Stream
-from tokenbelt.server._metrics import Metrics
+from tokenbelt.server.core._metrics import Metrics
 
 TOKENS = 4
 

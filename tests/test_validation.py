@@ -19,7 +19,7 @@ from tokenbelt.engines import GenerationRequest
 from tokenbelt.engines._base import SAMPLING_RANGES
 from tokenbelt.models import default_model_path
 from tokenbelt.runtime._runtime import MIN_N_CTX
-from tokenbelt.server._schemas import ChatCompletionRequest
+from tokenbelt.server.openai._schemas import ChatCompletionRequest
 
 NET_S = 60.0
 WORDS = [" w0", " w1", " w2"]

@@ -8,3 +8,19 @@ from __future__ import annotations
 
 #: the longest reply, in tokens, when a request names no ``max_tokens``
 DEFAULT_MAX_TOKENS = 512
+
+#: how many tokens generation may run ahead of each reader (belt capacity), unless a
+#: request or the runtime says otherwise
+DEFAULT_CAPACITY = 8
+#: sequences a model decodes together in one context (``Runtime``; ``tokenbelt serve``
+#: batches ``SERVE_SLOTS``)
+DEFAULT_SLOTS = 1
+#: requests a model's admission queue holds before it refuses more
+DEFAULT_QUEUE_SIZE = 16
+
+#: ``tokenbelt serve``'s slots: an HTTP service is shared, so it batches a few requests
+SERVE_SLOTS = 4
+#: ``tokenbelt serve``'s total limit per request, in seconds: the bound on a stream whose
+#: client reads nothing while its kernel still accepts bytes. The SDK's ``Runtime`` has no
+#: time limit unless given one (``Limits()``: every phase ``None``).
+SERVE_TOTAL_TIMEOUT_S = 600.0

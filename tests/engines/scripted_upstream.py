@@ -22,7 +22,7 @@ def main() -> None:
     runtime = Runtime(keep_alive=None, queue_size=8)
     engines = [ScriptedEngine([f" w{i}" for i in range(n)], delay=delay) for _ in range(2)]
     runtime.add_engines("scripted", engines)
-    app = create_app(runtime, ServerSettings(port=port))
+    app = create_app(runtime, ServerSettings())
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

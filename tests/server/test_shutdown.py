@@ -21,7 +21,7 @@ import uvicorn
 from tokenbelt import EndReason, GenerationRequest, ScriptedEngine
 from tokenbelt.belt import Producer
 from tokenbelt.server import create_app
-from tokenbelt.server._shutdown import GracefulServer
+from tokenbelt.server.core._shutdown import GracefulServer
 
 from .conftest import CHAT, NET, Recorder, chat_body, scripted_runtime
 

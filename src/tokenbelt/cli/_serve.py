@@ -8,8 +8,15 @@ import logging
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-from .._defaults import DEFAULT_MAX_TOKENS
+from .._defaults import (
+    DEFAULT_CAPACITY,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_QUEUE_SIZE,
+    SERVE_SLOTS,
+    SERVE_TOTAL_TIMEOUT_S,
+)
 from ..runtime import DEFAULT_ALIAS
 from ._common import (
     Parser,
@@ -24,6 +31,10 @@ from ._common import (
     positive_int,
     startup_line,
 )
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+    from ..server import ServerSettings
 
 logger = logging.getLogger("tokenbelt.server")
 
@@ -59,12 +70,8 @@ def allowed_hosts(bound: str, extra: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API with a web chat",
-        description="Serve a model (default: the embedded one) at http://127.0.0.1:8080.",
-    )
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """What is served: a model, or the models of upstream servers."""
     p.add_argument(
         "alias",
         nargs="?",
@@ -97,31 +104,38 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         metavar="S",
         help="seconds between health checks of each upstream (default 5; 0 = none)",
     )
+
+
+def _add_serving_options(p: argparse.ArgumentParser) -> None:
+    """Where it listens, and the bounds of each request (the runtime's to apply)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.add_argument(
         "--capacity",
         type=positive_int,
-        default=8,
+        default=DEFAULT_CAPACITY,
         help="belt capacity: tokens generation may run ahead of each reader",
     )
     p.add_argument(
         "--slots",
         type=positive_int,
-        default=4,
-        help="requests decoded together, batched in one context (default 4)",
+        default=SERVE_SLOTS,
+        help=f"requests decoded together, batched in one context (default {SERVE_SLOTS})",
     )
-    p.add_argument("--queue-size", type=positive_int, default=16, help="admission queue length")
+    p.add_argument(
+        "--queue-size", type=positive_int, default=DEFAULT_QUEUE_SIZE, help="admission queue length"
+    )
     p.add_argument(
         "--first-token-timeout", type=positive_duration, help="seconds (default: no limit)"
     )
     p.add_argument(
         "--total-timeout",
         type=duration,
-        default=600.0,
-        help="seconds from enqueue to the end of a request (default 600: the bound on a "
-        "stream whose client reads nothing while its kernel still accepts bytes; a request's "
-        "own tokenbelt.total_timeout overrides it; 0 = no limit)",
+        default=SERVE_TOTAL_TIMEOUT_S,
+        help="seconds from enqueue to the end of a request "
+        f"(default {SERVE_TOTAL_TIMEOUT_S:g}: the bound on a stream whose client reads nothing "
+        "while its kernel still accepts bytes; a request's own tokenbelt.total_timeout "
+        "overrides it; 0 = no limit)",
     )
     p.add_argument("--stall-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument("--load-timeout", type=positive_duration, help="seconds (default: no limit)")
@@ -152,8 +166,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         action="store_true",
         help="allow an --n-ctx past the model's trained context (replies degrade there)",
     )
-    add_thread_options(p)
-    add_isolation_options(p, default="process")
+
+
+def _add_access_options(p: argparse.ArgumentParser) -> None:
+    """Who may call it, and how long a connection may take."""
     p.add_argument(
         "--api-key",
         action="append",
@@ -201,6 +217,19 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         default=[],
         help="allow this browser origin (repeatable; default: none)",
     )
+
+
+def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API with a web chat",
+        description="Serve a model (default: the embedded one) at http://127.0.0.1:8080.",
+    )
+    _add_model_options(p)
+    _add_serving_options(p)
+    add_thread_options(p)
+    add_isolation_options(p, default="process")
+    _add_access_options(p)
     p.add_argument(
         "--log-level",
         default="info",
@@ -220,15 +249,10 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from ..runtime import Runtime
-    from ..server import ServerSettings, create_app, http_protocol
-    from ..server._shutdown import GracefulServer
-
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    """The client keys (``--api-key`` or ``$TOKENBELT_API_KEY``); exits on a bad one."""
     from_env = os.environ.get("TOKENBELT_API_KEY") or None
-    keys = args.api_key or ([from_env] if from_env else [])
+    keys: list[str] = args.api_key or ([from_env] if from_env else [])
     for key in [*keys, *([args.admin_key] if args.admin_key is not None else [])]:
         if not key.strip() or key != key.strip():
             fail("an API key is blank or has white space around it: give a real key", 2)
@@ -238,18 +262,16 @@ def main(args: argparse.Namespace) -> int:
             "give --api-key (or TOKENBELT_API_KEY), or bind 127.0.0.1",
             2,
         )
-    alias = args.alias if args.alias or args.upstream else DEFAULT_ALIAS
-    missing = missing_model_file(alias) if alias else None
-    if missing is not None:
-        fail(f"file not found: {missing}")
-    upstream_key = None
-    if args.upstream_api_key_env:
-        upstream_key = os.environ.get(args.upstream_api_key_env)
-        if not upstream_key:
-            fail(f"the environment variable {args.upstream_api_key_env} is not set", 2)
+    return keys
+
+
+def _check_context(alias: str | None, args: argparse.Namespace) -> None:
+    """Fail fast on an alias the catalog does not know (or an ``--n-ctx`` past what it
+    was trained on), before binding anything; downloading and loading then happen in
+    the background."""
+    from ..runtime import Runtime
+
     if alias and Runtime.name_for(alias) == alias:
-        # Fail fast on an alias the catalog does not know, before binding anything;
-        # downloading and loading then happen in the background.
         from ..models import Catalog, Home, ModelCache, choose_variant, find_remote
 
         home = Home.from_env()
@@ -262,6 +284,70 @@ def main(args: argparse.Namespace) -> int:
                     "tokens): give a smaller --n-ctx, or add --force-n-ctx",
                     2,
                 )
+
+
+def _upstream_key(args: argparse.Namespace) -> str | None:
+    if not args.upstream_api_key_env:
+        return None
+    upstream_key = os.environ.get(args.upstream_api_key_env)
+    if not upstream_key:
+        fail(f"the environment variable {args.upstream_api_key_env} is not set", 2)
+    return upstream_key
+
+
+def _settings(args: argparse.Namespace, keys: list[str]) -> ServerSettings:
+    """The HTTP side only: how requests are bounded is the runtime's (``_runtime``)."""
+    from ..server import ServerSettings
+
+    return ServerSettings(
+        api_key=keys[0] if keys else None,
+        api_keys=tuple(keys[1:]),
+        admin_key=args.admin_key,
+        cors_origins=tuple(args.cors_origin),
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        reader_timeout=args.reader_timeout or None,
+        read_timeout=args.read_timeout or None,
+    )
+
+
+def _runtime(args: argparse.Namespace) -> Runtime:
+    """The runtime, the one owner of each request's capacity, slots, queue and deadlines."""
+    from ..belt import Limits
+    from ..runtime import Runtime
+
+    limits = Limits(
+        first_token=args.first_token_timeout,
+        total=args.total_timeout or None,
+        stall=args.stall_timeout,
+    )
+    return Runtime(
+        slots=args.slots,
+        queue_size=args.queue_size,
+        capacity=args.capacity,
+        limits=limits,
+        keep_alive=args.keep_alive or None,
+        n_ctx=args.n_ctx,
+        force_n_ctx=args.force_n_ctx,
+        n_threads=args.threads,
+        n_threads_batch=args.threads_batch,
+        prefill_chunk=args.prefill_chunk,
+        isolation=args.isolation,
+        stop_grace=args.stop_grace,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..server import GracefulServer, create_app, http_protocol
+
+    keys = _api_keys(args)
+    alias = args.alias if args.alias or args.upstream else DEFAULT_ALIAS
+    missing = missing_model_file(alias) if alias else None
+    if missing is not None:
+        fail(f"file not found: {missing}")
+    upstream_key = _upstream_key(args)
+    _check_context(alias, args)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -272,36 +358,8 @@ def main(args: argparse.Namespace) -> int:
         from ..belt import invariants
 
         invariants.enable()
-    settings = ServerSettings(
-        host=args.host,
-        port=args.port,
-        capacity=args.capacity,
-        slots=args.slots,
-        queue_size=args.queue_size,
-        first_token_timeout=args.first_token_timeout,
-        total_timeout=args.total_timeout or None,
-        stall_timeout=args.stall_timeout,
-        api_key=keys[0] if keys else None,
-        api_keys=tuple(keys[1:]),
-        admin_key=args.admin_key,
-        cors_origins=tuple(args.cors_origin),
-        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
-        reader_timeout=args.reader_timeout or None,
-        read_timeout=args.read_timeout or None,
-    )
-    runtime = Runtime(
-        slots=args.slots,
-        queue_size=args.queue_size,
-        capacity=args.capacity,
-        keep_alive=args.keep_alive or None,
-        n_ctx=args.n_ctx,
-        force_n_ctx=args.force_n_ctx,
-        n_threads=args.threads,
-        n_threads_batch=args.threads_batch,
-        prefill_chunk=args.prefill_chunk,
-        isolation=args.isolation,
-        stop_grace=args.stop_grace,
-    )
+    settings = _settings(args, keys)
+    runtime = _runtime(args)
     if args.upstream:
         models = runtime.add_upstreams(
             args.upstream,

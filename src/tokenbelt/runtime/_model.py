@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE
 from .._errors import IllegalState, InvalidArgument, ModelLoading, RuntimeClosed
 from ..belt import (
     Belt,
@@ -87,8 +88,8 @@ class Model:
         name: str,
         engine_factory: Callable[[], Sequence[Engine]],
         *,
-        queue_size: int = 16,
-        capacity: int = 8,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        capacity: int = DEFAULT_CAPACITY,
         limits: Limits | None = None,
         keep_alive: float | None = 300.0,
         observers: Sequence[Observer] = (),

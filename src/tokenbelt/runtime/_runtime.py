@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE, DEFAULT_SLOTS
 from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity, check_duration
 from ..engines import (
@@ -75,9 +76,9 @@ class Runtime:
     def __init__(
         self,
         *,
-        slots: int = 1,
-        queue_size: int = 16,
-        capacity: int = 8,
+        slots: int = DEFAULT_SLOTS,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        capacity: int = DEFAULT_CAPACITY,
         limits: Limits | None = None,
         keep_alive: float | None = 300.0,
         n_ctx: int = 4096,

@@ -1,126 +1,57 @@
-"""The HTTP service: the OpenAI-compatible routes, and the Ollama and Anthropic ones beside them.
+"""The HTTP service, assembled: settings, state, middleware, lifespan, each dialect's router.
 
-Routes translate and hold no generation logic: ``RequestPath`` (``_serving``) does the
-rest for every API.
+Nothing here answers a request. The serving core (``core``) holds what every API
+shares, ``RequestPath`` and tokenbelt's own routes among it; each dialect (``openai``,
+``ollama``, ``anthropic``) is a folder with a module-level router, included here.
+Adding a dialect means adding a folder and one ``include_router``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-from fastapi import FastAPI, Header, Query
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 
 from .. import __version__
-from .._errors import InvalidArgument
-from ..belt import EndReason
-from ..engines import GenerationRequest, SamplingParams
-from ..runtime import Model, Runtime, Stream, sampling_from
-from . import (
-    _anthropic,
-    _anthropic_schemas,
-    _errors,
-    _ollama,
-    _ollama_schemas,
-    _openapi,
-    _tools,
-)
-from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
-from ._errors import Dialects, UnsupportedParameter, error_response
-from ._middleware import (
-    CALLER,
+from ..runtime import Runtime
+from . import _openapi, anthropic, ollama, openai
+from .core import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
+    Dialects,
     HostMiddleware,
     JsonBodyMiddleware,
     RequestIdMiddleware,
+    RequestPath,
+    ServerSettings,
+    ServerState,
+    control_router,
+    install,
 )
-from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from ._serving import RELEASE_WAIT_S, RequestPath, tokenbelt_final
-from ._state import ServerSettings, ServerState
 
 STATIC = Path(__file__).parent / "static"
-API = "openai"
-#: a caller's own request id (a front tokenbelt passes its id on to its upstream)
-_REQUEST_ID = Header(
-    None,
-    alias="x-request-id",
-    description="use this request id (letters, digits, ._:-, at most 64) if it is new",
-)
 
 
-def _prompt(body: CompletionRequest) -> str:
-    if isinstance(body.prompt, str):
-        return body.prompt
-    if len(body.prompt) != 1:
-        raise InvalidArgument("prompt must be one string (a list must hold exactly one)")
-    return body.prompt[0]
+async def index() -> Response:
+    """The web page (or, without its assets, where the API's documentation is)."""
+    page = STATIC / "index.html"
+    if not page.is_file():
+        return JSONResponse({"tokenbelt": __version__, "docs": "/docs"})
+    return FileResponse(page)
 
 
-def _sampling_for(body: _Sampling, index: int) -> SamplingParams:
-    """Choice ``index``'s sampling: with a ``seed``, each choice takes the next one, so
-    the choices differ and the answer still repeats."""
-    params = body.sampling()
-    if index and body.seed is not None:
-        params["seed"] = (body.seed + index) % 2**32
-    return sampling_from(params)
-
-
-def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
-    return {
-        "id": name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "tokenbelt",
-        "tokenbelt": tokenbelt,
-    }
-
-
-def create_app(
-    runtime: Runtime,
-    settings: ServerSettings | None = None,
-    *,
-    load: str | None = None,
-    load_options: dict[str, Any] | None = None,
-    close_runtime: bool = True,
-) -> FastAPI:
-    """Build the app over ``runtime``; with ``load``, that alias loads in the background.
-
-    Leaving the app's lifespan closes the runtime (``shutdown`` for every request)
-    unless ``close_runtime`` is False.
-    """
-    settings = settings or ServerSettings()
-    state = ServerState(runtime, settings)
-    path = RequestPath(state)
+def _add_middleware(app: FastAPI, settings: ServerSettings, state: ServerState) -> None:
     dialects = Dialects()
-    dialects.add(_ollama.PREFIX, _ollama_schemas.error_shape)
-    dialects.add(_anthropic.PREFIX, _anthropic_schemas.error_shape)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if load is not None:
-            state.load_in_background(load, **(load_options or {}))
-        yield
-        if close_runtime:
-            await anyio.to_thread.run_sync(runtime.close)
-
-    app = FastAPI(
-        title="tokenbelt",
-        version=__version__,
-        summary="A local OpenAI-compatible LLM service whose stops reach the decode loop.",
-        lifespan=lifespan,
-    )
-    app.state.tokenbelt = state
-    _errors.install(app, dialects)
+    dialects.add(ollama.PREFIX, ollama.error_shape)
+    dialects.add(anthropic.PREFIX, anthropic.error_shape)
+    install(app, dialects)  # the error handlers, each dialect's shape by its prefix
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
     if settings.keys():
@@ -143,362 +74,47 @@ def create_app(
         return RequestIdMiddleware(build(), state.request_id_from)
 
     app.build_middleware_stack = with_request_ids  # type: ignore[method-assign]
+
+
+def create_app(
+    runtime: Runtime,
+    settings: ServerSettings | None = None,
+    *,
+    load: str | None = None,
+    load_options: dict[str, Any] | None = None,
+    close_runtime: bool = True,
+) -> FastAPI:
+    """Build the app over ``runtime``; with ``load``, that alias loads in the background.
+
+    Leaving the app's lifespan closes the runtime (``shutdown`` for every request)
+    unless ``close_runtime`` is False.
+    """
+    settings = settings or ServerSettings()
+    state = ServerState(runtime, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if load is not None:
+            state.load_in_background(load, **(load_options or {}))
+        yield
+        if close_runtime:
+            await anyio.to_thread.run_sync(runtime.close)
+
+    app = FastAPI(
+        title="tokenbelt",
+        version=__version__,
+        summary="A local OpenAI-compatible LLM service whose stops reach the decode loop.",
+        lifespan=lifespan,
+    )
+    app.state.tokenbelt = state
+    app.state.tokenbelt_path = RequestPath(state)
+    _add_middleware(app, settings, state)
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
-
-    # -- pages and probes ---------------------------------------------------------------------
-
-    @app.get("/", include_in_schema=False)
-    async def index() -> Response:
-        page = STATIC / "index.html"
-        if not page.is_file():
-            return JSONResponse({"tokenbelt": __version__, "docs": "/docs"})
-        return FileResponse(page)
-
-    @app.get("/health/live", summary="Liveness: 200 while the process serves HTTP")
-    async def live() -> dict[str, Any]:
-        return {"status": "alive"}
-
-    @app.get("/health/ready", summary="Readiness: 200 when every model takes requests")
-    @app.get("/health", summary="Readiness (the same as /health/ready)")
-    async def health() -> JSONResponse:
-        status, reason = state.readiness()
-        body: dict[str, Any] = {
-            "status": status,
-            "reason": reason,
-            "models": {name: m.state.value for name, m in runtime.models.items()},
-            "loads": {a: s.to_dict() for a, s in state.loads.items()},
-        }
-        workers = {name: dataclasses.asdict(w) for name, w in state.workers().items()}
-        if workers:  # models in worker processes: pid, memory, restarts, last crash
-            body["workers"] = workers
-        return JSONResponse(body, status_code=200 if status == "ok" else 503)
-
-    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
-    async def metrics() -> Response:
-        state.metrics.refresh_gauges()
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    def _served_entry(name: str) -> dict[str, Any]:
-        model = runtime.models.get(name)
-        status = state.loads.get(name)
-        return _model_entry(
-            name,
-            loaded=model is not None,
-            cached=True,
-            state=model.state.value if model else (status.state if status else None),
-            load=status.to_dict() if status else None,
-            context_length=model.context_length if model else None,
-            slots=model.statistics().slots if model else None,
-            info=model.info if model else {},
-        )
-
-    def _served(name: str) -> bool:
-        status = state.loads.get(name)
-        return name in runtime.models or (status is not None and status.state == "loading")
-
-    @app.get("/v1/models", summary="The models this server serves (loaded or loading)")
-    async def list_models() -> dict[str, Any]:
-        """``data`` lists only what a request may name now or once loaded; a failed load
-        and the catalog's aliases this server could be started with are in
-        ``tokenbelt.not_served``, where no OpenAI client looks for models."""
-        catalog = {c["alias"]: c for c in await anyio.to_thread.run_sync(state.catalog)}
-        data: list[dict[str, Any]] = []
-        not_served: list[dict[str, Any]] = []
-        for name in state.model_names():
-            (data if _served(name) else not_served).append(_served_entry(name))
-        known = {d["id"] for d in data + not_served}
-        for alias, entry in catalog.items():
-            if alias not in known:
-                not_served.append(
-                    _model_entry(
-                        alias,
-                        loaded=False,
-                        cached=entry["cached"],
-                        state="available",
-                        load={"state": "available", "error": None, "elapsed_s": 0.0},
-                        context_length=entry["context_length"],
-                        slots=None,
-                        info={},
-                    )
-                )
-        return {"object": "list", "data": data, "tokenbelt": {"not_served": not_served}}
-
-    @app.get("/v1/models/{model_id:path}", summary="One model this server serves")
-    async def retrieve_model(model_id: str) -> JSONResponse:
-        name = runtime.name_for(model_id)
-        if not _served(name):
-            return error_response(
-                404,
-                f"this server does not serve a model {model_id!r}",
-                "invalid_request_error",
-                "model_not_found",
-                param="model",
-            )
-        return JSONResponse(_served_entry(name))
-
-    # -- requests ----------------------------------------------------------------------------
-
-    async def _submit(
-        model: Model, body: _Sampling, requests: list[GenerationRequest], request_id: str | None
-    ) -> list[Choice]:
-        """One request per choice (``n``); a refusal of any of them ends them all."""
-        choices: list[Choice] = []
-        try:
-            for i, request in enumerate(requests):
-                submitted = await path.submit(
-                    model,
-                    request,
-                    body.tokenbelt,
-                    api=API,
-                    request_id=request_id if not i else None,
-                )
-                choices.append(Choice(i, submitted.stream))
-        except BaseException:
-            for choice in choices:
-                choice.stream.cancel(EndReason.REJECTED)
-            raise
-        return choices
-
-    def _usage(choices: list[Choice]) -> dict[str, Any]:
-        """The prompt once, the completions of every choice."""
-        usage = choices[0].stream.usage.to_dict()
-        completion = sum(c.stream.usage.completion_tokens for c in choices)
-        usage["completion_tokens"] = completion
-        usage["total_tokens"] = usage["prompt_tokens"] + completion
-        return usage
-
-    def _final(choices: list[Choice], plan: _tools.Plan) -> dict[str, Any]:
-        extension = tokenbelt_final(choices[0].stream)
-        if plan.grammar is not None:
-            extension["grammar"] = plan.info()
-        if len(choices) > 1:
-            extension["choices"] = [
-                {
-                    "index": c.index,
-                    "request_id": c.stream.request_id,
-                    "end_reason": (c.stream.end_reason or EndReason.RUNTIME_ERROR).value,
-                }
-                for c in choices
-            ]
-        return extension
-
-    def _finish_reason(reason: EndReason, plan: _tools.Plan | None) -> str:
-        if plan is not None and plan.calls and reason is EndReason.STOP:
-            return "tool_calls"
-        return reason.openai_finish_reason
-
-    async def _events(
-        choices: list[Choice],
-        model: str,
-        body: _Sampling,
-        chat: bool,
-        echo: str | None,
-        plans: dict[int, _tools.Plan],
-    ) -> AsyncIterator[object]:
-        base = {
-            "id": choices[0].stream.request_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model,
-        }
-        scored = bool(body.sampling().get("logprobs"))
-        offsets = dict.fromkeys((c.index for c in choices), len(echo) if echo else 0)
-        deltas = {c.index: _tools.Deltas(plans[c.index]) for c in choices}
-
-        def logprobs(choice: Choice) -> dict[str, Any]:
-            if not scored:
-                return {}
-            fresh = choice.new_logprobs()
-            if chat:
-                return {"logprobs": chat_logprobs(fresh)}
-            lp = legacy_logprobs(fresh, offsets[choice.index])
-            offsets[choice.index] += sum(len(t.token) for t in fresh)
-            return {"logprobs": lp}
-
-        def chunk(c: Choice, delta: dict[str, Any] | None, piece: str = "") -> dict[str, Any]:
-            if delta is not None:
-                if c.first:
-                    delta = {"role": "assistant", **delta}
-                choice: dict[str, Any] = {"index": c.index, "delta": delta, "finish_reason": None}
-            else:
-                choice = {"index": c.index, "text": piece, "finish_reason": None}
-            choice.update(logprobs(c))
-            c.first = False
-            stream = c.stream
-            stats = stream.statistics()
-            return {
-                **base,
-                "choices": [choice],
-                "tokenbelt": {
-                    "buffered": stats.buffered,
-                    "capacity": stats.capacity,
-                    "completion_tokens": stream.trace.completion_tokens,
-                },
-            }
-
-        if echo is not None:
-            for c in choices:
-                yield {**base, "choices": [{"index": c.index, "text": echo, "finish_reason": None}]}
-        async for c, piece in pieces(choices):
-            if piece is not None:
-                if chat:
-                    for delta in deltas[c.index].feed(piece):
-                        yield chunk(c, delta)
-                else:
-                    yield chunk(c, None, piece)
-                continue
-            # This choice ended: its last deltas, then its last chunk.
-            stream = c.stream
-            await stream.await_released(RELEASE_WAIT_S)
-            reason = stream.end_reason or EndReason.RUNTIME_ERROR
-            if chat:
-                for delta in deltas[c.index].finish():
-                    yield chunk(c, delta)
-            last: dict[str, Any] = {
-                "index": c.index,
-                "finish_reason": _finish_reason(reason, plans[c.index]),
-                **logprobs(c),
-            }
-            if chat:
-                last["delta"] = {}
-            else:
-                last["text"] = ""
-            final: dict[str, Any] = {
-                **base,
-                "choices": [last],
-                "tokenbelt": _final([c], plans[c.index]),
-            }
-            if c.failed is not None:
-                _status, type_, code = _errors.failure(c.failed)
-                error = f"{type(c.failed).__name__}: {c.failed}"
-                final["error"] = _errors.error_body(error, type_, code)["error"]
-            yield final
-        if body.stream_options and body.stream_options.include_usage:
-            yield {**base, "choices": [], "usage": _usage(choices)}
-        yield "[DONE]"
-
-    def _respond(
-        choices: list[Choice],
-        body: _Sampling,
-        model: Model,
-        chat: bool,
-        echo: str | None = None,
-        plan: _tools.Plan | None = None,
-    ) -> Response:
-        # Each choice parses its own calls: a plan of its own.
-        base_plan = plan or _tools.Plan(())
-        plans = {c.index: dataclasses.replace(base_plan, calls=[]) for c in choices}
-        first, others = choices[0].stream, [c.stream for c in choices[1:]]
-        if body.stream:
-            events = _events(choices, model.name, body, chat, echo, plans)
-            return path.streaming(first, events, also=others)
-        scored = bool(body.sampling().get("logprobs"))
-
-        def one(c: Choice) -> dict[str, Any]:
-            s = c.stream
-            end = s.end_reason or EndReason.RUNTIME_ERROR
-            reason = end.openai_finish_reason
-            if chat:
-                message = _tools.message(s.text, plans[c.index])
-                choice: dict[str, Any] = {
-                    "index": c.index,
-                    "message": message,
-                    "finish_reason": _finish_reason(end, plans[c.index]),
-                }
-                if scored:
-                    choice["logprobs"] = chat_logprobs(s.logprobs)
-                return choice
-            choice = {"index": c.index, "text": (echo or "") + s.text, "finish_reason": reason}
-            if scored:
-                choice["logprobs"] = legacy_logprobs(s.logprobs, len(echo or ""))
-            return choice
-
-        def render(s: Stream) -> dict[str, Any]:
-            return {
-                "id": s.request_id,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": model.name,
-                "choices": [one(c) for c in choices],
-                "usage": _usage(choices),
-                "tokenbelt": _final(choices, base_plan),
-            }
-
-        return path.answer(first, render, shape=_errors.openai_shape, also=others)
-
-    @app.post("/v1/chat/completions", summary="Chat completion (streaming with stream=true)")
-    async def chat_completions(
-        body: ChatCompletionRequest, x_request_id: str | None = _REQUEST_ID
-    ) -> Response:
-        model = state.model_for(body.model)
-        messages = messages_for(body.messages, model.name)
-        plan = _tools.plan(
-            messages, body.response_format, body.tools, body.tool_choice, model.template_tools
-        )
-        requests = [
-            GenerationRequest(
-                messages=plan.messages,
-                sampling=_sampling_for(body, i),
-                grammar=plan.grammar,
-                tools=plan.tools_json,
-            )
-            for i in range(body.n)
-        ]
-        choices = await _submit(model, body, requests, x_request_id)
-        return _respond(choices, body, model, chat=True, plan=plan)
-
-    @app.post("/v1/completions", summary="Text completion from a raw prompt")
-    async def completions(
-        body: CompletionRequest, x_request_id: str | None = _REQUEST_ID
-    ) -> Response:
-        model = state.model_for(body.model)
-        if body.echo and body.logprobs is not None:
-            raise UnsupportedParameter(
-                "echo", "with logprobs (the prompt's log-probabilities are not computed)"
-            )
-        prompt = _prompt(body)
-        requests = [
-            GenerationRequest(prompt=prompt, sampling=_sampling_for(body, i)) for i in range(body.n)
-        ]
-        choices = await _submit(model, body, requests, x_request_id)
-        return _respond(choices, body, model, chat=False, echo=prompt if body.echo else None)
-
-    @app.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")
-    async def cancel(request_id: str) -> JSONResponse:
-        # With API keys, a request made with another key answers as an unknown one.
-        stream = state.active(request_id, CALLER.get())
-        if stream is None:
-            trace = state.trace(request_id, CALLER.get())
-            if trace is None:
-                return error_response(
-                    404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
-                )
-            reason = trace.end_reason.value if trace.end_reason else None
-            return JSONResponse({"id": request_id, "cancelled": False, "end_reason": reason})
-        cancelled = stream.cancel(EndReason.USER_CANCEL)
-        reason = stream.end_reason.value if stream.end_reason else None
-        return JSONResponse({"id": request_id, "cancelled": cancelled, "end_reason": reason})
-
-    @app.get(
-        "/v1/requests",
-        summary="Recent requests, newest first, with their traces (with API keys: the "
-        "caller's own; the admin key's: all)",
-    )
-    async def recent(limit: int = Query(50, ge=1, le=1000)) -> dict[str, Any]:
-        traces = state.recent(limit, CALLER.get())
-        return {"object": "list", "data": [t.to_dict() for t in traces]}
-
-    @app.get("/v1/requests/{request_id}", summary="One request's trace")
-    async def one(request_id: str) -> JSONResponse:
-        trace = state.trace(request_id, CALLER.get())
-        if trace is None:
-            return error_response(
-                404, f"no request {request_id!r}", "invalid_request_error", "request_not_found"
-            )
-        return JSONResponse(trace.to_dict())
-
-    app.include_router(_ollama.router(state, path))
-    app.include_router(_anthropic.router(state, path))
+    app.add_api_route("/", index, include_in_schema=False)
+    app.include_router(control_router)
+    app.include_router(openai.router)
+    app.include_router(ollama.router)
+    app.include_router(anthropic.router)
     _openapi.install(app)
     return app

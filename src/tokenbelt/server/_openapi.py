@@ -14,12 +14,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import _anthropic, _ollama
-from ._middleware import PROTECTED
+from . import anthropic, ollama
+from .core import PROTECTED
 
 #: the routes that submit a generation (admission, deadlines, engine failures)
 GENERATING = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", _anthropic.PREFIX}
+    {"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", anthropic.PREFIX}
 )
 
 _WHY = {
@@ -76,9 +76,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 
 def error_schema(path: str) -> str:
     """The name of the error body ``path`` answers with (as ``Dialects`` chooses it)."""
-    if path.startswith(_anthropic.PREFIX):
+    if path.startswith(anthropic.PREFIX):
         return "AnthropicError"
-    if path.startswith(_ollama.PREFIX):
+    if path.startswith(ollama.PREFIX):
         return "OllamaError"
     return "OpenAIError"
 

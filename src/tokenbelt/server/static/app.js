@@ -160,8 +160,9 @@
   }
 
   // -- settings: the server's limits, checked in the form ----------------------------------
-  // The same bounds as the server's request schema (tokenbelt/server/_schemas.py); a test
-  // compares them with /openapi.json so the two cannot drift apart.
+  // The same bounds as the server's request schema (server/core/_options.py and
+  // server/openai/_schemas.py); a test compares them with /openapi.json so the two cannot
+  // drift apart.
 
   const DEFAULT_MAX_TOKENS = 512;
   const LIMITS = {

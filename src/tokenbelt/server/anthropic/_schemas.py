@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engines import Message
-from ._errors import UnsupportedParameter
-from ._schemas import TokenbeltOptions
+from ...engines import Message
+from ..core import TokenbeltOptions, UnsupportedParameter
 
 #: HTTP status -> Anthropic's error type
 _TYPES = {

@@ -10,18 +10,20 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+from fastapi import Depends, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from .._errors import RuntimeClosed
-from ..belt import EndReason, new_request_id
-from ..engines import GenerationRequest
-from ..runtime import Model, ModelState, Stream
+from ..._errors import RuntimeClosed
+from ...belt import EndReason, new_request_id
+from ...engines import GenerationRequest
+from ...runtime import Model, ModelState, Stream
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._middleware import CALLER, REQUEST_ID
+from ._options import TokenbeltOptions
 from ._responses import (
     DeferredResponse,
     Encode,
@@ -30,7 +32,6 @@ from ._responses import (
     reader_gone,
     sse,
 )
-from ._schemas import TokenbeltOptions
 from ._state import ServerState
 
 #: how long an answer waits for the engine to let go before it is written anyway
@@ -88,7 +89,6 @@ class RequestPath:
         """
         if self.state.shutting_down:
             raise RuntimeClosed("the server is shutting down")
-        settings = self.state.settings
         # Every API's request goes by the id its answer carries (``RequestIdMiddleware``).
         request_id = request_id or REQUEST_ID.get()
         request_id = self.state.request_id_from(request_id) or new_request_id()
@@ -101,8 +101,8 @@ class RequestPath:
                 partial(
                     model.submit,
                     request,
-                    limits=self.state.limits_for(options),
-                    capacity=(options.capacity if options else None) or settings.capacity,
+                    limits=self.state.limits_for(options, model),
+                    capacity=self.state.capacity_for(options),
                     request_id=request_id,
                 )
             )
@@ -212,6 +212,16 @@ class RequestPath:
 
         later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
         return Asgi(DeferredResponse(_stop_all(streams, disconnect), later))
+
+
+async def serving(request: Request) -> RequestPath:
+    """The serving core of the app a request came to (a route's dependency)."""
+    path: RequestPath = request.app.state.tokenbelt_path
+    return path
+
+
+#: what a route declares to be given the serving core: ``path: Serving``
+Serving = Annotated[RequestPath, Depends(serving)]
 
 
 def _stop_all(

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from .._errors import (
+from ..._errors import (
     InvalidArgument,
     ModelLoadError,
     ModelLoading,

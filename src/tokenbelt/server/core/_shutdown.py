@@ -30,7 +30,7 @@ from types import FrameType
 
 import uvicorn
 
-from ..runtime import Runtime
+from ...runtime import Runtime
 from ._state import ServerState
 
 logger = logging.getLogger("tokenbelt.server")

@@ -15,10 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .._errors import InvalidArgument
-from ..engines._grammar import Grammar, json_object_grammar, schema_grammar
-from ._errors import UnsupportedParameter
-from ._schemas import TokenbeltOptions
+from ..._errors import InvalidArgument
+from ...engines._grammar import Grammar, json_object_grammar, schema_grammar
+from ..core import TokenbeltOptions, UnsupportedParameter, ranges
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -36,13 +35,13 @@ class Options(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=100_000)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, gt=0, le=10)
-    seed: int | None = Field(None, ge=0, le=2**32 - 1)
-    stop: str | list[str] | None = Field(None, max_length=16)
+    temperature: ranges.Temperature = None
+    top_p: ranges.TopP = None
+    top_k: ranges.TopK = None
+    min_p: ranges.MinP = None
+    repeat_penalty: ranges.RepeatPenalty = None
+    seed: ranges.Seed = None
+    stop: ranges.Stop = None
     num_predict: int | None = Field(
         None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: up to the context"
     )

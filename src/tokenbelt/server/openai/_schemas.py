@@ -6,30 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .._defaults import DEFAULT_MAX_TOKENS
+from ..._defaults import DEFAULT_MAX_TOKENS
+from ..core import TokenbeltOptions, ranges
 from ._tools import CallSpec, ResponseFormat, ToolChoice, ToolSpec
-
-# Long enough for any real use, short enough that a typo is caught.
-MAX_TIMEOUT_S = 3600.0
-
-
-class TokenbeltOptions(BaseModel):
-    """tokenbelt's extension object: per-request deadlines and belt capacity."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    first_token_timeout: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_S, description="seconds from enqueue to the first token"
-    )
-    total_timeout: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_S, description="seconds from enqueue to the end"
-    )
-    stall_timeout: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_S, description="longest gap between two tokens, seconds"
-    )
-    capacity: int | None = Field(
-        None, ge=1, le=1024, description="how many tokens generation may run ahead of the reader"
-    )
 
 
 class StreamOptions(BaseModel):
@@ -121,13 +100,13 @@ class _Sampling(BaseModel):
         description=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS})",
     )
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=100_000)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, gt=0, le=10)
-    seed: int | None = Field(None, ge=0, le=2**32 - 1)
-    stop: str | list[str] | None = Field(None, max_length=16)
+    temperature: ranges.Temperature = None
+    top_p: ranges.TopP = None
+    top_k: ranges.TopK = None
+    min_p: ranges.MinP = None
+    repeat_penalty: ranges.RepeatPenalty = None
+    seed: ranges.Seed = None
+    stop: ranges.Stop = None
     n: int = Field(
         1, ge=1, le=MAX_CHOICES, description="choices to generate, each a sequence of its own"
     )

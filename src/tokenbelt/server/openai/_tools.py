@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .._errors import InvalidArgument
-from ..engines import Message
-from ..engines._grammar import Grammar, json_object_grammar, schema_grammar
-from ..runtime._structured import (
+from ..._errors import InvalidArgument
+from ...engines import Message
+from ...engines._grammar import Grammar, json_object_grammar, schema_grammar
+from ...runtime._structured import (
     CallStream,
     Tool,
     ToolCall,
@@ -31,7 +31,7 @@ from ..runtime._structured import (
     tools_grammar,
     tools_json,
 )
-from ._errors import UnsupportedParameter
+from ..core import UnsupportedParameter
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

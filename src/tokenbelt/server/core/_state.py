@@ -11,13 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
-from ..belt import Limits, Trace, TraceEvent
-from ..engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
-from ..runtime import Model, ModelState, Runtime, Stream
+from ..._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
+from ...belt import Limits, Trace, TraceEvent
+from ...engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
+from ...runtime import Model, ModelState, Runtime, Stream
 from ._metrics import Metrics
 from ._middleware import Caller
-from ._schemas import TokenbeltOptions
+from ._options import TokenbeltOptions
 
 logger = logging.getLogger("tokenbelt.server")
 
@@ -26,13 +26,15 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How ``tokenbelt serve`` runs; every field has a safe default."""
+    """How the HTTP service runs; every field has a safe default.
 
-    host: str = "127.0.0.1"
-    port: int = 8080
-    capacity: int = 8
-    slots: int = 1
-    queue_size: int = 16
+    Where requests are bounded (capacity, slots, queue, deadlines) is the runtime's to
+    say; a field here that repeats one of those is an override, unset by default.
+    """
+
+    #: belt capacity and time limits of every HTTP request that names none of its own;
+    #: None (the default): the runtime's own (``Runtime(capacity=..., limits=...)``)
+    capacity: int | None = None
     first_token_timeout: float | None = None
     total_timeout: float | None = None
     stall_timeout: float | None = None
@@ -69,13 +71,6 @@ class ServerSettings:
         keys: tuple[str, ...] = (self.api_key,) if self.api_key is not None else ()
         keys += self.api_keys
         return keys + ((self.admin_key,) if self.admin_key is not None else ())
-
-    def default_limits(self) -> Limits:
-        return Limits(
-            first_token=self.first_token_timeout,
-            total=self.total_timeout,
-            stall=self.stall_timeout,
-        )
 
 
 @dataclass
@@ -182,7 +177,7 @@ class ServerState:
 
     def catalog(self) -> list[dict[str, Any]]:
         """The catalog's aliases this server could be started with, and if they are cached."""
-        from ..models import Catalog, Home, ModelCache
+        from ...models import Catalog, Home, ModelCache
 
         try:
             home = Home.from_env()
@@ -254,15 +249,22 @@ class ServerState:
         available = ", ".join(self.model_names()) or "none"
         raise UnknownModel(f"unknown model {name!r}; available: {available}")
 
-    def limits_for(self, options: TokenbeltOptions | None) -> Limits:
-        base = self.settings.default_limits()
-        if options is None:
-            return base
+    def limits_for(self, options: TokenbeltOptions | None, model: Model) -> Limits:
+        """A request's time limits: its own, else the server's override, else the model's
+        (the runtime's own)."""
+        settings, base = self.settings, model.limits
+        first_token = options.first_token_timeout if options else None
+        total = options.total_timeout if options else None
+        stall = options.stall_timeout if options else None
         return Limits(
-            first_token=options.first_token_timeout or base.first_token,
-            total=options.total_timeout or base.total,
-            stall=options.stall_timeout or base.stall,
+            first_token=first_token or settings.first_token_timeout or base.first_token,
+            total=total or settings.total_timeout or base.total,
+            stall=stall or settings.stall_timeout or base.stall,
         )
+
+    def capacity_for(self, options: TokenbeltOptions | None) -> int | None:
+        """A request's belt capacity: its own, else the server's override; None: the model's."""
+        return (options.capacity if options else None) or self.settings.capacity
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from ..belt import new_request_id
+from ...belt import new_request_id
 
 logger = logging.getLogger("tokenbelt.server")
 

@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..engines import TokenLogprob
-from ..runtime import Stream
-from ._errors import UnsupportedParameter
+from ...engines import TokenLogprob
+from ...runtime import Stream
+from ..core import UnsupportedParameter
 from ._schemas import AssistantMessage, Message, ToolMessage
 
 #: content part types that hold an image (answered with a 400 naming the missing vision)

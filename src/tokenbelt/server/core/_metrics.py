@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from ..belt import EndReason, TraceEvent, invariants
-from ..engines import BatchStatistics, UpstreamStatistics, WorkerStatistics
-from ..runtime import SchedulerStatistics
+from ...belt import EndReason, TraceEvent, invariants
+from ...engines import BatchStatistics, UpstreamStatistics, WorkerStatistics
+from ...runtime import SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import anyio
 
-from .._errors import ModelError, TokenbeltError
-from ..models import ModelCache, Variant
+from ..._errors import ModelError, TokenbeltError
+from ...models import ModelCache, Variant
 
 #: how long one wait for news lasts before the reader looks again (a safety net)
 _WAIT_S = 1.0

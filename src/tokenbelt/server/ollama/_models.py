@@ -20,16 +20,21 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from .. import __version__
-from .._errors import ModelError, UnknownModel
-from ..models import Catalog, GGUFInfo, Home, ModelCache, Variant, choose_variant, read_gguf_info
-from ..runtime import ModelState
-from ._errors import response_for
-from ._ollama_pull import Pull
-from ._ollama_schemas import EmbedRequest, NameRequest, PullRequest, error_shape
-from ._responses import DeferredResponse, EventStreamResponse, ndjson
-from ._serving import Asgi
-from ._state import ServerState
+from ... import __version__
+from ..._errors import ModelError, UnknownModel
+from ...models import Catalog, GGUFInfo, Home, ModelCache, Variant, choose_variant, read_gguf_info
+from ...runtime import ModelState
+from ..core import (
+    Asgi,
+    DeferredResponse,
+    EventStreamResponse,
+    ServerState,
+    Serving,
+    ndjson,
+    response_for,
+)
+from ._pull import Pull
+from ._schemas import EmbedRequest, NameRequest, PullRequest, error_shape
 
 #: the Ollama API release whose routes and fields these follow
 OLLAMA_API_VERSION = "0.6.0"
@@ -208,57 +213,64 @@ def _delete(state: ServerState, name: str) -> list[str]:
     return [str(p) for p in removed]
 
 
-def add_routes(api: APIRouter, state: ServerState) -> None:
-    """Add the model routes to the Ollama router ``api``."""
+#: the model routes; the Ollama router (``_routes``) includes them under ``/api``
+router = APIRouter()
 
-    @api.get("/tags", summary="Ollama: the models on this machine")
-    async def tags() -> dict[str, Any]:
-        return {"models": await anyio.to_thread.run_sync(_tags, state)}
 
-    @api.post("/show", summary="Ollama: what is known of one model")
-    async def show(body: NameRequest) -> dict[str, Any]:
-        name = local_name(state, body.which)
-        return await anyio.to_thread.run_sync(_show, state, name)
+@router.get("/tags", summary="Ollama: the models on this machine")
+async def tags(path: Serving) -> dict[str, Any]:
+    return {"models": await anyio.to_thread.run_sync(_tags, path.state)}
 
-    @api.get("/ps", summary="Ollama: the models loaded now")
-    async def ps() -> dict[str, Any]:
-        return {"models": await anyio.to_thread.run_sync(_ps, state)}
 
-    @api.get("/version", summary="Ollama: the API version these routes follow")
-    async def version() -> dict[str, Any]:
-        return {"version": OLLAMA_API_VERSION, "tokenbelt": __version__}
+@router.post("/show", summary="Ollama: what is known of one model")
+async def show(body: NameRequest, path: Serving) -> dict[str, Any]:
+    name = local_name(path.state, body.which)
+    return await anyio.to_thread.run_sync(_show, path.state, name)
 
-    @api.post("/pull", summary="Ollama: fetch and verify a catalog model (NDJSON progress)")
-    async def pull(body: PullRequest) -> Response:
-        def choose() -> Pull:
-            catalog, cache = _catalog()
-            name = local_name(state, body.which)
-            return Pull(cache, choose_variant(catalog, name, cache=cache).variant)
 
-        job = await anyio.to_thread.run_sync(choose)
-        job.start()
-        if body.stream:
-            return Asgi(
-                EventStreamResponse(job.stop, job.lines(), {}, encode=ndjson, media_type=NDJSON)
-            )
+@router.get("/ps", summary="Ollama: the models loaded now")
+async def ps(path: Serving) -> dict[str, Any]:
+    return {"models": await anyio.to_thread.run_sync(_ps, path.state)}
 
-        async def compute() -> Response:
-            async for _ in job.lines():
-                pass
-            if job.error is not None:
-                return response_for(job.error, shape=error_shape)
-            return JSONResponse({"status": "success"})
 
-        later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
-        return Asgi(DeferredResponse(job.stop, later))
+@router.get("/version", summary="Ollama: the API version these routes follow")
+async def version() -> dict[str, Any]:
+    return {"version": OLLAMA_API_VERSION, "tokenbelt": __version__}
 
-    @api.delete("/delete", summary="Ollama: remove what tokenbelt downloaded for a model")
-    async def delete(body: NameRequest) -> dict[str, Any]:
-        name = local_name(state, body.which)
-        return {"removed": await anyio.to_thread.run_sync(_delete, state, name)}
 
-    @api.post("/embed", include_in_schema=False)
-    @api.post("/embeddings", include_in_schema=False)
-    async def embed(body: EmbedRequest) -> Response:
-        message = "embeddings are not supported: tokenbelt has no embedding engine yet"
-        return JSONResponse({"error": message}, status_code=501)
+@router.post("/pull", summary="Ollama: fetch and verify a catalog model (NDJSON progress)")
+async def pull(body: PullRequest, path: Serving) -> Response:
+    def choose() -> Pull:
+        catalog, cache = _catalog()
+        name = local_name(path.state, body.which)
+        return Pull(cache, choose_variant(catalog, name, cache=cache).variant)
+
+    job = await anyio.to_thread.run_sync(choose)
+    job.start()
+    if body.stream:
+        return Asgi(
+            EventStreamResponse(job.stop, job.lines(), {}, encode=ndjson, media_type=NDJSON)
+        )
+
+    async def compute() -> Response:
+        async for _ in job.lines():
+            pass
+        if job.error is not None:
+            return response_for(job.error, shape=error_shape)
+        return JSONResponse({"status": "success"})
+
+    later: Callable[[], Awaitable[Callable[[Scope, Receive, Send], Awaitable[None]]]] = compute
+    return Asgi(DeferredResponse(job.stop, later))
+
+
+@router.delete("/delete", summary="Ollama: remove what tokenbelt downloaded for a model")
+async def delete(body: NameRequest, path: Serving) -> dict[str, Any]:
+    name = local_name(path.state, body.which)
+    return {"removed": await anyio.to_thread.run_sync(_delete, path.state, name)}
+
+
+@router.post("/embed", include_in_schema=False)
+@router.post("/embeddings", include_in_schema=False)
+async def embed(body: EmbedRequest) -> Response:
+    message = "embeddings are not supported: tokenbelt has no embedding engine yet"
+    return JSONResponse({"error": message}, status_code=501)

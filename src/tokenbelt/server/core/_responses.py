@@ -14,10 +14,10 @@ from functools import partial
 import anyio
 from starlette.types import Message, Receive, Scope, Send
 
-from ..belt import EndReason
-from ..runtime import Stream
+from ...belt import EndReason
+from ...runtime import Stream
 from ._errors import compact_json
-from ._protocol import ABORT_EXTENSION
+from ._h11 import ABORT_EXTENSION
 
 #: what a response calls when its client goes away (and whenever it ends, to be sure)
 Stop = Callable[[], object]

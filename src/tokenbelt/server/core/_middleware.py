@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..belt import new_request_id
+from ...belt import new_request_id
 from ._errors import Dialects
 
 #: the API paths (the web page, its assets and /health stay open)

@@ -1,0 +1,379 @@
+"""The OpenAI dialect: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``.
+
+Handlers are module-level functions on ``router``; each is given the serving core
+(``Serving``) and only translates: bodies to generation requests, streams to OpenAI's
+chunks and answers. ``n`` choices are one request each, read together. A reply's
+``finish_reason`` is one of OpenAI's own values (``_reasons``); the exact end reason
+travels beside it in ``tokenbelt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Header
+from starlette.responses import JSONResponse, Response
+
+from ..._errors import InvalidArgument
+from ...belt import EndReason
+from ...engines import GenerationRequest, SamplingParams
+from ...runtime import Model, Stream, sampling_from
+from ..core import (
+    RELEASE_WAIT_S,
+    RequestPath,
+    ServerState,
+    Serving,
+    UnsupportedParameter,
+    error_body,
+    error_response,
+    failure,
+    openai_shape,
+    tokenbelt_final,
+)
+from . import _tools
+from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
+from ._reasons import finish_reason
+from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+
+API = "openai"
+#: a caller's own request id (a front tokenbelt passes its id on to its upstream)
+_REQUEST_ID = Header(
+    None,
+    alias="x-request-id",
+    description="use this request id (letters, digits, ._:-, at most 64) if it is new",
+)
+
+#: the OpenAI routes, one module-level router (the serving core comes as ``Serving``)
+router = APIRouter()
+
+
+def _prompt(body: CompletionRequest) -> str:
+    if isinstance(body.prompt, str):
+        return body.prompt
+    if len(body.prompt) != 1:
+        raise InvalidArgument("prompt must be one string (a list must hold exactly one)")
+    return body.prompt[0]
+
+
+def _sampling_for(body: _Sampling, index: int) -> SamplingParams:
+    """Choice ``index``'s sampling: with a ``seed``, each choice takes the next one, so
+    the choices differ and the answer still repeats."""
+    params = body.sampling()
+    if index and body.seed is not None:
+        params["seed"] = (body.seed + index) % 2**32
+    return sampling_from(params)
+
+
+def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tokenbelt",
+        "tokenbelt": tokenbelt,
+    }
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+def _served_entry(state: ServerState, name: str) -> dict[str, Any]:
+    model = state.runtime.models.get(name)
+    status = state.loads.get(name)
+    return _model_entry(
+        name,
+        loaded=model is not None,
+        cached=True,
+        state=model.state.value if model else (status.state if status else None),
+        load=status.to_dict() if status else None,
+        context_length=model.context_length if model else None,
+        slots=model.statistics().slots if model else None,
+        info=model.info if model else {},
+    )
+
+
+def _served(state: ServerState, name: str) -> bool:
+    status = state.loads.get(name)
+    return name in state.runtime.models or (status is not None and status.state == "loading")
+
+
+@router.get("/v1/models", summary="The models this server serves (loaded or loading)")
+async def list_models(path: Serving) -> dict[str, Any]:
+    """``data`` lists only what a request may name now or once loaded; a failed load
+    and the catalog's aliases this server could be started with are in
+    ``tokenbelt.not_served``, where no OpenAI client looks for models."""
+    state = path.state
+    catalog = {c["alias"]: c for c in await anyio.to_thread.run_sync(state.catalog)}
+    data: list[dict[str, Any]] = []
+    not_served: list[dict[str, Any]] = []
+    for name in state.model_names():
+        (data if _served(state, name) else not_served).append(_served_entry(state, name))
+    known = {d["id"] for d in data + not_served}
+    for alias, entry in catalog.items():
+        if alias not in known:
+            not_served.append(
+                _model_entry(
+                    alias,
+                    loaded=False,
+                    cached=entry["cached"],
+                    state="available",
+                    load={"state": "available", "error": None, "elapsed_s": 0.0},
+                    context_length=entry["context_length"],
+                    slots=None,
+                    info={},
+                )
+            )
+    return {"object": "list", "data": data, "tokenbelt": {"not_served": not_served}}
+
+
+@router.get("/v1/models/{model_id:path}", summary="One model this server serves")
+async def retrieve_model(model_id: str, path: Serving) -> JSONResponse:
+    name = path.state.runtime.name_for(model_id)
+    if not _served(path.state, name):
+        return error_response(
+            404,
+            f"this server does not serve a model {model_id!r}",
+            "invalid_request_error",
+            "model_not_found",
+            param="model",
+        )
+    return JSONResponse(_served_entry(path.state, name))
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+async def _submit(
+    path: RequestPath,
+    model: Model,
+    body: _Sampling,
+    requests: list[GenerationRequest],
+    request_id: str | None,
+) -> list[Choice]:
+    """One request per choice (``n``); a refusal of any of them ends them all."""
+    choices: list[Choice] = []
+    try:
+        for i, request in enumerate(requests):
+            submitted = await path.submit(
+                model,
+                request,
+                body.tokenbelt,
+                api=API,
+                request_id=request_id if not i else None,
+            )
+            choices.append(Choice(i, submitted.stream))
+    except BaseException:
+        for choice in choices:
+            choice.stream.cancel(EndReason.REJECTED)
+        raise
+    return choices
+
+
+def _usage(choices: list[Choice]) -> dict[str, Any]:
+    """The prompt once, the completions of every choice."""
+    usage = choices[0].stream.usage.to_dict()
+    completion = sum(c.stream.usage.completion_tokens for c in choices)
+    usage["completion_tokens"] = completion
+    usage["total_tokens"] = usage["prompt_tokens"] + completion
+    return usage
+
+
+def _final(choices: list[Choice], plan: _tools.Plan) -> dict[str, Any]:
+    extension = tokenbelt_final(choices[0].stream)
+    if plan.grammar is not None:
+        extension["grammar"] = plan.info()
+    if len(choices) > 1:
+        extension["choices"] = [
+            {
+                "index": c.index,
+                "request_id": c.stream.request_id,
+                "end_reason": (c.stream.end_reason or EndReason.RUNTIME_ERROR).value,
+            }
+            for c in choices
+        ]
+    return extension
+
+
+async def _events(
+    choices: list[Choice],
+    model: str,
+    body: _Sampling,
+    chat: bool,
+    echo: str | None,
+    plans: dict[int, _tools.Plan],
+) -> AsyncIterator[object]:
+    base = {
+        "id": choices[0].stream.request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+    }
+    scored = bool(body.sampling().get("logprobs"))
+    offsets = dict.fromkeys((c.index for c in choices), len(echo) if echo else 0)
+    deltas = {c.index: _tools.Deltas(plans[c.index]) for c in choices}
+
+    def logprobs(choice: Choice) -> dict[str, Any]:
+        if not scored:
+            return {}
+        fresh = choice.new_logprobs()
+        if chat:
+            return {"logprobs": chat_logprobs(fresh)}
+        lp = legacy_logprobs(fresh, offsets[choice.index])
+        offsets[choice.index] += sum(len(t.token) for t in fresh)
+        return {"logprobs": lp}
+
+    def chunk(c: Choice, delta: dict[str, Any] | None, piece: str = "") -> dict[str, Any]:
+        if delta is not None:
+            if c.first:
+                delta = {"role": "assistant", **delta}
+            choice: dict[str, Any] = {"index": c.index, "delta": delta, "finish_reason": None}
+        else:
+            choice = {"index": c.index, "text": piece, "finish_reason": None}
+        choice.update(logprobs(c))
+        c.first = False
+        stream = c.stream
+        stats = stream.statistics()
+        return {
+            **base,
+            "choices": [choice],
+            "tokenbelt": {
+                "buffered": stats.buffered,
+                "capacity": stats.capacity,
+                "completion_tokens": stream.trace.completion_tokens,
+            },
+        }
+
+    if echo is not None:
+        for c in choices:
+            yield {**base, "choices": [{"index": c.index, "text": echo, "finish_reason": None}]}
+    async for c, piece in pieces(choices):
+        if piece is not None:
+            if chat:
+                for delta in deltas[c.index].feed(piece):
+                    yield chunk(c, delta)
+            else:
+                yield chunk(c, None, piece)
+            continue
+        # This choice ended: its last deltas, then its last chunk.
+        stream = c.stream
+        await stream.await_released(RELEASE_WAIT_S)
+        reason = stream.end_reason or EndReason.RUNTIME_ERROR
+        if chat:
+            for delta in deltas[c.index].finish():
+                yield chunk(c, delta)
+        last: dict[str, Any] = {
+            "index": c.index,
+            "finish_reason": finish_reason(reason, plans[c.index]),
+            **logprobs(c),
+        }
+        if chat:
+            last["delta"] = {}
+        else:
+            last["text"] = ""
+        final: dict[str, Any] = {
+            **base,
+            "choices": [last],
+            "tokenbelt": _final([c], plans[c.index]),
+        }
+        if c.failed is not None:
+            _status, type_, code = failure(c.failed)
+            error = f"{type(c.failed).__name__}: {c.failed}"
+            final["error"] = error_body(error, type_, code)["error"]
+        yield final
+    if body.stream_options and body.stream_options.include_usage:
+        yield {**base, "choices": [], "usage": _usage(choices)}
+    yield "[DONE]"
+
+
+def _respond(
+    path: RequestPath,
+    choices: list[Choice],
+    body: _Sampling,
+    model: Model,
+    chat: bool,
+    echo: str | None = None,
+    plan: _tools.Plan | None = None,
+) -> Response:
+    # Each choice parses its own calls: a plan of its own.
+    base_plan = plan or _tools.Plan(())
+    plans = {c.index: dataclasses.replace(base_plan, calls=[]) for c in choices}
+    first, others = choices[0].stream, [c.stream for c in choices[1:]]
+    if body.stream:
+        events = _events(choices, model.name, body, chat, echo, plans)
+        return path.streaming(first, events, also=others)
+    scored = bool(body.sampling().get("logprobs"))
+
+    def one(c: Choice) -> dict[str, Any]:
+        s = c.stream
+        end = s.end_reason or EndReason.RUNTIME_ERROR
+        reason = finish_reason(end)
+        if chat:
+            message = _tools.message(s.text, plans[c.index])
+            choice: dict[str, Any] = {
+                "index": c.index,
+                "message": message,
+                "finish_reason": finish_reason(end, plans[c.index]),
+            }
+            if scored:
+                choice["logprobs"] = chat_logprobs(s.logprobs)
+            return choice
+        choice = {"index": c.index, "text": (echo or "") + s.text, "finish_reason": reason}
+        if scored:
+            choice["logprobs"] = legacy_logprobs(s.logprobs, len(echo or ""))
+        return choice
+
+    def render(s: Stream) -> dict[str, Any]:
+        return {
+            "id": s.request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model.name,
+            "choices": [one(c) for c in choices],
+            "usage": _usage(choices),
+            "tokenbelt": _final(choices, base_plan),
+        }
+
+    return path.answer(first, render, shape=openai_shape, also=others)
+
+
+@router.post("/v1/chat/completions", summary="Chat completion (streaming with stream=true)")
+async def chat_completions(
+    body: ChatCompletionRequest, path: Serving, x_request_id: str | None = _REQUEST_ID
+) -> Response:
+    model = path.state.model_for(body.model)
+    messages = messages_for(body.messages, model.name)
+    plan = _tools.plan(
+        messages, body.response_format, body.tools, body.tool_choice, model.template_tools
+    )
+    requests = [
+        GenerationRequest(
+            messages=plan.messages,
+            sampling=_sampling_for(body, i),
+            grammar=plan.grammar,
+            tools=plan.tools_json,
+        )
+        for i in range(body.n)
+    ]
+    choices = await _submit(path, model, body, requests, x_request_id)
+    return _respond(path, choices, body, model, chat=True, plan=plan)
+
+
+@router.post("/v1/completions", summary="Text completion from a raw prompt")
+async def completions(
+    body: CompletionRequest, path: Serving, x_request_id: str | None = _REQUEST_ID
+) -> Response:
+    model = path.state.model_for(body.model)
+    if body.echo and body.logprobs is not None:
+        raise UnsupportedParameter(
+            "echo", "with logprobs (the prompt's log-probabilities are not computed)"
+        )
+    prompt = _prompt(body)
+    requests = [
+        GenerationRequest(prompt=prompt, sampling=_sampling_for(body, i)) for i in range(body.n)
+    ]
+    choices = await _submit(path, model, body, requests, x_request_id)
+    return _respond(path, choices, body, model, chat=False, echo=prompt if body.echo else None)
