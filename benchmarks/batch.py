@@ -52,8 +52,7 @@ import time
 from typing import Any
 
 from tokenbelt import Runtime
-from tokenbelt.engines import BatchEngine, Message
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import BatchEngine, Message, usable_cores
 from tokenbelt.models import default_model_path
 
 SIZES = (1, 2, 4, 8)
@@ -68,9 +67,9 @@ class Bare:
         import llama_cpp
         from llama_cpp import _internals
 
-        from tokenbelt.engines._llama import _quiet_native_logs
+        from tokenbelt.engines import quiet_native_logs
 
-        _quiet_native_logs()  # llama.cpp's own log lines to logging, as the engine does
+        quiet_native_logs()  # llama.cpp's own log lines to logging, as the engine does
         self.lib: Any = llama_cpp
         self.model: Any = _internals.LlamaModel(
             path_model=path, params=llama_cpp.llama_model_default_params(), verbose=False
@@ -283,7 +282,7 @@ def side_tokenbelt(tokens: int) -> dict[str, Any]:
 
 
 def _chat_prompt(model: Any) -> str:
-    from tokenbelt.engines._llama import chat_formatter
+    from tokenbelt.engines import chat_formatter
 
     result = chat_formatter(model)(messages=SEA)
     return str(result.prompt)

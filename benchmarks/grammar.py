@@ -36,9 +36,10 @@ import time
 from typing import Any
 
 from tokenbelt import Runtime
-from tokenbelt.engines import BatchEngine, Message
-from tokenbelt.engines._grammar import (
+from tokenbelt.engines import (
+    BatchEngine,
     GrammarSampler,
+    Message,
     check_grammar,
     clear_schema_cache,
     schema_grammar,

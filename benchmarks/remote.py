@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import usable_cores
 from tokenbelt.models import default_model_path
 
 TARGET_RATIO = 0.97

@@ -17,8 +17,7 @@ from tokenbelt import (
     SamplingParams,
     TokenLogprob,
 )
-from tokenbelt.engines import Piece
-from tokenbelt.engines._wire import request_body
+from tokenbelt.engines import Piece, request_body
 from tokenbelt.models import default_model_path
 
 USER = [{"role": "user", "content": "Name a colour."}]

@@ -12,25 +12,28 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tokenbelt.engines._worker import _Process
+from tokenbelt.belt import EndReason
+from tokenbelt.engines import GenerationRequest
+from tokenbelt.engines.worker._messages import Cancel, Credit, Start
+from tokenbelt.engines.worker._process import Process
 
 
-def _pipe() -> tuple[_Process, Connection]:
+def _pipe() -> tuple[Process, Connection]:
     import socket
 
     ours, theirs = socket.socketpair()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    return _Process(child, ours, 1), Connection(theirs.detach())
+    return Process(child, ours, 1), Connection(theirs.detach())
 
 
 def test_a_message_the_pipe_takes_is_written_on_the_callers_thread() -> None:
     w, far = _pipe()
     try:
-        w.post(("credit", 7, 4))
+        w.post(Credit(7, 4))
         assert not w.outbox  # nothing left for the sender thread
         assert far.poll(1)
-        assert far.recv() == ("credit", 7, 4)
+        assert far.recv() == Credit(7, 4)
     finally:
         w.close_pipe()
         far.close()
@@ -41,20 +44,21 @@ def test_what_the_pipe_does_not_take_waits_for_the_sender_and_the_order_holds() 
     reads nothing yet), keeps the rest and everything after it for the sender thread,
     which writes them whole and in order once the far end reads."""
     w, far = _pipe()
-    big = ("start", 1, "req", "x" * (8 << 20), 8, None)
+    big = Start(1, "req", GenerationRequest(prompt="x" * (8 << 20)), 8, None)
+    stop = Cancel(1, EndReason.USER_CANCEL)
     grants: list[Any] = []
     try:
         began = time.monotonic()
         w.post(big)
-        w.post(("grant", "job"))
-        w.post(("cancel", 1, "user_cancel"))
+        w.defer(lambda: grants.append("job"))
+        w.post(stop)
         assert time.monotonic() - began < 1.0
         assert len(w.outbox) == 3  # the unsent part, the grant, the stop
-        sender = threading.Thread(target=w.send_queued, args=(grants.append,), daemon=True)
+        sender = threading.Thread(target=w.send_queued, daemon=True)
         sender.start()
         assert far.recv() == big
-        assert far.recv() == ("cancel", 1, "user_cancel")
-        assert grants == [("grant", "job")]
+        assert far.recv() == stop
+        assert grants == ["job"]
         with w.cond:
             w.done = True
             w.cond.notify_all()

@@ -1,7 +1,8 @@
 """Layer 4: loaded models, slots, the admission queue and chat sessions (the SDK)."""
 
+from ..engines import sampling_from
 from ..models import DEFAULT_ALIAS
-from ._model import Model, ModelState, sampling_from
+from ._model import Model, ModelState
 from ._runtime import Runtime
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession

@@ -13,6 +13,7 @@ from typing import Any
 from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity, check_duration
 from ..engines import (
+    DEFAULT_STOP_GRACE,
     BatchEngine,
     Engine,
     RemoteEngine,
@@ -20,10 +21,10 @@ from ..engines import (
     UpstreamModel,
     UpstreamPool,
     WorkerEngine,
+    check_threads,
+    default_threads,
     list_models,
 )
-from ..engines._threads import check_threads, default_threads
-from ..engines._worker import DEFAULT_STOP_GRACE
 from ..models import DEFAULT_ALIAS, find_remote, resolve_and_fetch
 from ..models._catalog import NAME_PATTERN
 from ._model import Model

@@ -17,8 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import InvalidArgument
-from ..engines import Message
-from ..engines._grammar import Grammar, json_object_grammar, schema_grammar
+from ..engines import Grammar, Message, json_object_grammar, schema_grammar
 from ..runtime._structured import (
     CallStream,
     Tool,
