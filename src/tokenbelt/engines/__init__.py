@@ -32,6 +32,7 @@ from ._statistics import (
     BatchStatistics,
     EngineStatistics,
     UpstreamStatistics,
+    WorkerState,
     WorkerStatistics,
 )
 from .llama import (
@@ -62,7 +63,7 @@ from .llama import (
     usable_cores,
 )
 from .remote import RemoteEngine, Upstream, UpstreamModel, UpstreamPool, list_models, request_body
-from .worker import ABORT_ENV, DEFAULT_STOP_GRACE, WorkerEngine, WorkerState
+from .worker import ABORT_ENV, DEFAULT_STOP_GRACE, WorkerEngine
 
 __all__ = [
     "ABORT_ENV",

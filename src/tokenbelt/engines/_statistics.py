@@ -8,6 +8,7 @@ also carries its process (``worker``); a remote engine's, its upstreams' counter
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 
@@ -49,6 +50,21 @@ class BatchStatistics(EngineStatistics):
     @property
     def tokens_per_step(self) -> float:
         return self.tokens_stepped / self.steps if self.steps else 0.0
+
+
+class WorkerState(enum.Enum):
+    """Where an engine's worker process is in its life."""
+
+    #: a worker process is starting and loading the model
+    STARTING = "starting"
+    #: a worker is serving requests
+    READY = "ready"
+    #: the worker died; a new one starts after the backoff
+    RESTARTING = "restarting"
+    #: workers kept dying before they were ready: requests end at once with the reason
+    FAILED = "failed"
+    #: closed: the worker ended and its memory went back to the system
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,12 @@ admission, deadlines, traces, metrics and the belts; across the pipe go:
   ``max_load_crashes`` times in a row mark the engine failed: requests then end at once
   with the reason.
 
-Prompts are tokenized in the parent, with the model's vocabulary only (a few MB), so
-admission checks (``PromptTooLong``) never wait on the worker.
+Prompts are tokenized in the parent, with the model's vocabulary only (``_vocab.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import itertools
 import logging
@@ -51,8 +49,9 @@ from ..._errors import (
 from ...belt import EndReason, Producer, check_duration
 from .._base import run_to_end
 from .._request import GenerationRequest
-from .._statistics import BatchStatistics, WorkerStatistics
+from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
 from ..llama import check_gguf_file
+from ._jobs import Job
 from ._messages import (
     Admit,
     Cached,
@@ -83,54 +82,6 @@ DEFAULT_STOP_GRACE = 3.0
 _BACKOFF = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: a crash this long after the previous one starts the backoff again
 _CALM_S = 30.0
-
-
-class WorkerState(enum.Enum):
-    """Where an engine's worker process is in its life."""
-
-    #: a worker process is starting and loading the model
-    STARTING = "starting"
-    #: a worker is serving requests
-    READY = "ready"
-    #: the worker died; a new one starts after the backoff
-    RESTARTING = "restarting"
-    #: workers kept dying before they were ready: requests end at once with the reason
-    FAILED = "failed"
-    #: closed: the worker ended and its memory went back to the system
-    CLOSED = "closed"
-
-
-class _Job:
-    __slots__ = (
-        "capacity",
-        "granted",
-        "on_exit",
-        "producer",
-        "received",
-        "request",
-        "rid",
-        "stop_by",
-        "worker",
-    )
-
-    def __init__(
-        self,
-        rid: int,
-        request: GenerationRequest,
-        producer: Producer[Any],
-        on_exit: Callable[[], None],
-    ) -> None:
-        self.rid = rid
-        self.request = request
-        self.producer = producer
-        self.on_exit = on_exit
-        self.capacity = producer.capacity
-        self.granted = self.capacity  # items the worker may send in all
-        self.received = 0
-        #: when a stop not yet honoured kills the worker (monotonic), once stopped
-        self.stop_by: float | None = None
-        #: the worker process it was sent to (None while it waits for one)
-        self.worker: Process | None = None
 
 
 class WorkerEngine:
@@ -171,9 +122,9 @@ class WorkerEngine:
         self._options["name"] = self.name
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._jobs: dict[int, _Job] = {}
-        self._pending: list[_Job] = []  # started while no worker was ready
-        self._doomed: list[tuple[_Job, BaseException]] = []  # to end off the caller's thread
+        self._jobs: dict[int, Job] = {}
+        self._pending: list[Job] = []  # started while no worker was ready
+        self._doomed: list[tuple[Job, BaseException]] = []  # to end off the caller's thread
         self._ids = itertools.count(1)
         self._state = WorkerState.STARTING
         self._closed = False
@@ -343,7 +294,7 @@ class WorkerEngine:
         w.ready.set()
         logger.info("engine worker %s is ready for %s", w.pid, self.name)
 
-    def _send_start(self, job: _Job, w: Process) -> None:
+    def _send_start(self, job: Job, w: Process) -> None:
         """Hand a job to a worker (under ``_lock``)."""
         job.worker = w
         trace = job.producer.trace
@@ -397,34 +348,27 @@ class WorkerEngine:
         delay = _BACKOFF[min(self._crashes, len(_BACKOFF)) - 1]
         self._restart_at = now + delay
 
-    def _end(self, job: _Job, error: BaseException) -> None:
+    def _end(self, job: Job, error: BaseException) -> None:
         """End a job its worker can no longer serve, then release it."""
         job.producer.fail(error)  # a no-op after a stop: that reason stays
         self._release(job)
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, job: Job) -> None:
         with self._lock:
             if self._jobs.pop(job.rid, None) is None:
                 return
-        if job.producer.end_reason is None:  # pragma: no cover - every path ends it first
-            job.producer.cancel(EndReason.SHUTDOWN)
-        try:
-            job.on_exit()
-        finally:
-            job.producer.release()
+        job.let_go()
 
     # -- credits -----------------------------------------------------------------------------
 
-    def _grant(self, job: _Job) -> None:
+    def _grant(self, job: Job) -> None:
         """Give the worker the room the reader made; when it has none, wait for a read."""
         while True:
             with self._lock:
                 w = job.worker
                 if self._jobs.get(job.rid) is not job or w is None:
                     return
-                consumed = job.producer.statistics().consumed
-                delta = consumed + job.capacity - job.granted
-                out = job.received >= job.granted
+                delta, out = job.credit_due()
                 if delta > 0 and (out or 2 * delta >= job.capacity):
                     job.granted += delta
                     w.post(Credit(job.rid, delta))
@@ -448,7 +392,7 @@ class WorkerEngine:
         on_exit: Callable[[], None] | None = None,
     ) -> None:
         """Hand a request to the worker; never blocks. Raises ``IllegalState`` when closed."""
-        job = _Job(next(self._ids), request, producer, on_exit or (lambda: None))
+        job = Job(next(self._ids), request, producer, on_exit or (lambda: None))
         with self._cond:
             if self._closed:
                 raise IllegalState("the engine is closed")
@@ -464,7 +408,7 @@ class WorkerEngine:
                 self._pending.append(job)
         producer.on_cancel(lambda reason: self._on_cancel(job, reason))
 
-    def _on_cancel(self, job: _Job, reason: EndReason) -> None:
+    def _on_cancel(self, job: Job, reason: EndReason) -> None:
         """On the cancelling thread: post the stop and arm the grace period; never blocks."""
         with self._cond:
             if self._jobs.get(job.rid) is not job:
@@ -478,10 +422,7 @@ class WorkerEngine:
                 job.stop_by = time.monotonic() + self.stop_grace
                 self._cond.notify_all()
         if w is None:
-            try:
-                job.on_exit()
-            finally:
-                job.producer.release()
+            job.let_go()
 
     def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
         """Blocking: run one request, as a thread engine does (see ``BatchEngine.generate``)."""
@@ -519,7 +460,7 @@ class WorkerEngine:
                     continue
             for job, error in doomed:
                 job.producer.start()
-                self._end_doomed(job, error)
+                job.end(error)
             for job in late:
                 self._kill_for(job)
             if slow_load:
@@ -527,28 +468,13 @@ class WorkerEngine:
             if restart:
                 self._restart()
 
-    def _end_doomed(self, job: _Job, error: BaseException) -> None:
-        job.producer.fail(error)
-        try:
-            job.on_exit()
-        finally:
-            job.producer.release()
-
-    def _kill_for(self, job: _Job) -> None:
+    def _kill_for(self, job: Job) -> None:
         w = job.worker
         if w is None or w.done:
             return
         cause = f"engine worker killed: a stop was not honoured within {self.stop_grace} s"
-        trace = job.producer.trace
-        stopped = trace.cancel_requested
-        trace.worker = {
-            "pid": w.pid,
-            "killed": cause,
-            "killed_after_stop_ms": (
-                None if stopped is None else round((trace.clock() - stopped) * 1000, 3)
-            ),
-        }
-        logger.warning("request %s: %s", trace.request_id, cause)
+        job.record_kill(w, cause)
+        logger.warning("request %s: %s", job.producer.trace.request_id, cause)
         w.kill(cause)
 
     def _restart(self) -> None:
@@ -649,9 +575,9 @@ class WorkerEngine:
             self._cond.notify_all()
         for job in pending:
             job.producer.cancel(EndReason.SHUTDOWN)
-            self._end_doomed(job, DecodeError("the engine closed"))
+            job.end(DecodeError("the engine closed"))
         for job, error in doomed:
-            self._end_doomed(job, error)
+            job.end(error)
         for job in list(self._jobs.values()):
             job.producer.cancel(EndReason.SHUTDOWN)
         self._stop_process(w)
