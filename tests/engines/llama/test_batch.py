@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tokenbelt import Belt, EndReason, GenerationRequest, SamplingParams
-from tokenbelt.engines import BatchEngine, Message
+from tokenbelt.engines import BatchEngine, BatchStatistics, LoopEngine, Message
 from tokenbelt.models import default_model_path
 
 pytestmark = pytest.mark.model
@@ -58,6 +58,13 @@ def poll(predicate: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {NET} s")
         time.sleep(0.005)
+
+
+def test_is_a_loop_engine_with_its_counters(engine: BatchEngine) -> None:
+    assert isinstance(engine, LoopEngine)
+    stats = engine.statistics()
+    assert isinstance(stats, BatchStatistics)
+    assert (stats.slots, stats.worker, stats.upstreams) == (2, None, None)
 
 
 def test_a_stop_inside_a_prefill_step_releases_the_sequence_within_that_step(

@@ -50,7 +50,7 @@ from ...belt import EndReason, Producer, check_duration
 from .._base import run_to_end
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
-from ..llama import check_gguf_file
+from ..llama import check_fits, check_gguf_file
 from ._jobs import Job
 from ._messages import (
     Admit,
@@ -184,7 +184,11 @@ class WorkerEngine:
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Check and tokenize in this process (vocabulary only), so a bad request never
         reaches the worker; raises ``InvalidArgument`` or ``PromptTooLong``."""
-        return self._prompts.count(request, self.context_length)
+        self._prompts.check(request)
+        tokens = self.tokenize_request(request)
+        check_fits(len(tokens), self.context_length)
+        self._prompts.keep(request, tokens)
+        return len(tokens)
 
     # -- worker processes --------------------------------------------------------------------
 

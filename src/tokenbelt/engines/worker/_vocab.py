@@ -14,7 +14,6 @@ from .._request import GenerationRequest
 from ..llama import (
     KeptPrompts,
     chat_formatter,
-    check_fits,
     check_request,
     load_vocab,
     prompt_tokens,
@@ -39,18 +38,18 @@ class PromptTokens:
         """The prompt tokens for a request, as the worker's engine makes them."""
         return prompt_tokens(self._vocab, self._formatter, request, self.name)
 
-    def count(self, request: GenerationRequest, context_length: int) -> int:
-        """Check and tokenize a request, and keep its tokens for ``take``; raises
-        ``InvalidArgument`` or ``PromptTooLong``."""
+    def check(self, request: GenerationRequest) -> None:
+        """What only the model can check before a request queues: ``logit_bias`` names
+        tokens of its vocabulary, a grammar parses against it (``InvalidArgument``)."""
         import llama_cpp
 
         vocab = self._vocab.vocab
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         check_request(llama_cpp, vocab, n_vocab, request, self.name)
-        tokens = self.tokenize(request)
-        check_fits(len(tokens), context_length)
+
+    def keep(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Keep ``tokens`` as the prompt of ``request``, for ``take``."""
         self._kept.keep(request, tokens)
-        return len(tokens)
 
     def take(self, request: GenerationRequest) -> list[int] | None:
         """The tokens ``count`` kept for ``request`` (forgotten here), or None."""
