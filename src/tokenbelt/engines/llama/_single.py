@@ -1,10 +1,10 @@
 """The single-sequence llama.cpp engine: one context, one request at a time.
 
 The runtime does not use it: ``Runtime.load`` builds the batch engine (``_batch.py``,
-THE decode loop) or the worker engine. ``LlamaEngine`` is kept only as the
-single-sequence baseline ``benchmarks/engine.py`` (and ``benchmarks/sdk.py``,
-``benchmarks/http.py``) measure the batch engine against, on llama-cpp-python's own
-``Llama`` object.
+THE decode loop) or the worker engine. ``LlamaEngine`` is kept only as a
+single-sequence baseline on llama-cpp-python's own ``Llama`` object: ``benchmarks/sdk.py``
+and ``benchmarks/http.py`` measure against it (``benchmarks/engine.py`` measures the
+batch engine against a bare ``Llama`` loop of its own).
 
 Where cancellation lands:
 

@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from ..._errors import Cancelled, IllegalState, TokenbeltError
 from ...belt import EndReason, Producer, Trace
@@ -44,6 +44,9 @@ from ._messages import (
     Release,
     Start,
     ToParent,
+    ToWorker,
+    decode,
+    encode,
 )
 
 #: a test-only crash point, set by the parent for its first worker: "prefill" or "decode"
@@ -62,7 +65,7 @@ class _Link:
     def send(self, message: ToParent) -> None:
         # The parent is gone when this fails: the reader sees the end and exits.
         with self._lock, contextlib.suppress(OSError):
-            self.conn.send(message)
+            self.conn.send(encode(message))
 
 
 class _Forward(Producer[Any]):
@@ -285,7 +288,7 @@ class _Worker:
         conn = self.link.conn
         while True:
             try:
-                message = conn.recv()
+                message = cast(ToWorker, decode(conn.recv()))
             except (EOFError, OSError):
                 return
             match message:
@@ -338,7 +341,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     link = _Link(Connection(int(argv[1])))
     try:
-        load = link.conn.recv()
+        load = decode(link.conn.recv())
     except (EOFError, OSError):
         return 1
     if not isinstance(load, Load):

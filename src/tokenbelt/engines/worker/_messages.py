@@ -4,6 +4,9 @@ One frozen record per message kind; both ends dispatch on the record's type, so 
 field is typed across the process boundary. ``rid`` is the parent's number for a
 request (one per ``start``). On the pipe each message is one frame: a pickle, length
 prefixed, exactly as ``multiprocessing.connection.Connection`` reads it (``frame``).
+What is pickled is the plain tuple ``encode`` makes (the kind's number, then the
+fields), which ``decode`` turns back into the record: a pickled dataclass costs about
+ten times a tuple, and an ``Item`` crosses the pipe for every token.
 
 Parent to worker: ``Load`` (the first message, once), then ``Start``, ``Cancel``,
 ``Credit`` and ``Close``. Worker to parent: ``Ready`` or ``LoadError`` (once), then per
@@ -18,10 +21,12 @@ or end (``tokens``). Items are pickled as they are, whatever the engine puts.
 
 from __future__ import annotations
 
+import operator
 import pickle
 import struct
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 from ...belt import EndReason
 from .._request import GenerationRequest
@@ -163,9 +168,42 @@ ToWorker = Load | Start | Cancel | Credit | Close
 ToParent = Ready | LoadError | Admit | Prompt | Cached | Item | Finish | Fail | Cancel | Release
 
 
+#: every kind, numbered by its place here (the number goes on the pipe)
+_KINDS: tuple[type[Any], ...] = (
+    Load, Start, Credit, Close, Cancel, Ready, LoadError, Admit, Prompt, Cached, Item,
+    Finish, Fail, Release,
+)  # fmt: skip
+_CODES = {kind: code for code, kind in enumerate(_KINDS)}
+
+
+def _getter(kind: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    names = [f.name for f in fields(kind)]
+    if not names:
+        return lambda _message: ()
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda message: (one(message),)
+    return operator.attrgetter(*names)
+
+
+_GETTERS = {kind: _getter(kind) for kind in _KINDS}
+
+
+def encode(message: ToWorker | ToParent) -> tuple[Any, ...]:
+    """``message`` as the tuple that is pickled: its kind's number, then its fields."""
+    kind = type(message)
+    return (_CODES[kind], *_GETTERS[kind](message))
+
+
+def decode(wire: tuple[Any, ...]) -> ToWorker | ToParent:
+    """The record ``encode`` made ``wire`` from."""
+    return cast("ToWorker | ToParent", _KINDS[wire[0]](*wire[1:]))
+
+
 def frame(message: ToWorker | ToParent) -> bytes:
-    """``message`` as ``multiprocessing.connection.Connection.recv`` reads it."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """``message`` as ``multiprocessing.connection.Connection.recv`` reads it (then
+    ``decode`` it)."""
+    data = pickle.dumps(encode(message), protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) > 0x7FFFFFFF:
         return struct.pack("!iQ", -1, len(data)) + data
     return struct.pack("!i", len(data)) + data

@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..._errors import LoadTimeout, ModelLoadError
-from ._messages import Load, ToParent, ToWorker, frame
+from ._messages import Load, ToParent, ToWorker, decode, frame
 
 logger = logging.getLogger("tokenbelt.engines.worker")
 
@@ -170,7 +170,7 @@ class Process:
         try:
             while True:
                 try:
-                    message = self.conn.recv()
+                    message = cast(ToParent, decode(self.conn.recv()))
                 except (EOFError, OSError):
                     break
                 except Exception as exc:  # an item that does not unpickle here
