@@ -41,6 +41,8 @@ class LoopEngine(Protocol):
     context_length: int
     #: requests it can run at once: the scheduler gives it no more
     slots: int
+    #: whether its chat template renders tools itself (then requests carry ``tools``)
+    template_tools: bool
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenise the request's prompt; raises ``PromptTooLong`` if it cannot fit.

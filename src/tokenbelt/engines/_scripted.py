@@ -29,6 +29,8 @@ class ScriptedEngine(OnThreads):
     """
 
     name = "scripted"
+    #: no chat template: tools are described in the messages
+    template_tools = False
 
     def __init__(
         self,

@@ -131,7 +131,7 @@ class Model:
             self._scheduler = Scheduler(engines, queue_size=self.queue_size, on_idle=self._arm_idle)
             # Remembered for while the model is unloaded for being idle.
             self._context_length = engines[0].context_length if engines else 0
-            self._template_tools = bool(engines and getattr(engines[0], "template_tools", False))
+            self._template_tools = bool(engines and engines[0].template_tools)
             self._state = ModelState.READY
             self._changed.notify_all()
         self.loaded_at = time.monotonic()

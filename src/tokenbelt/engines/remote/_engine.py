@@ -128,6 +128,9 @@ class RemoteEngine:
     is asked whether it answers: an ejected upstream that does is back in at once.
     """
 
+    #: the upstream applies its own template: tools are described in the messages
+    template_tools = False
+
     def __init__(
         self,
         pool: UpstreamPool,
