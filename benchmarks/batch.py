@@ -10,7 +10,7 @@ Side by side in one process, on the embedded default model, greedy, same prompt:
   trying every count from 1 to the cores this process may use (``threads_bare_{B}``).
 - **tokenbelt**: B concurrent ``model.stream(...)`` calls on a runtime with B slots
   (``Runtime(slots=B)``), each read to the end on a thread of its own; thread counts are
-  tokenbelt's defaults (adaptive, see ``engines/_threads.py``).
+  tokenbelt's defaults (adaptive, see ``engines/llama/_threads.py``).
 
 Both rates are total tokens over wall time from the first call to the last token, so
 prefill counts on both sides alike. Each side runs in a process of its own (one OpenMP
@@ -48,8 +48,7 @@ from typing import Any
 
 import _harness
 from tokenbelt import Runtime
-from tokenbelt.engines import BatchEngine, Message
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import BatchEngine, Message, usable_cores
 from tokenbelt.models import default_model_path
 
 SIZES = (1, 2, 4, 8)
@@ -64,9 +63,9 @@ class Bare:
         import llama_cpp
         from llama_cpp import _internals
 
-        from tokenbelt.engines._llama import _quiet_native_logs
+        from tokenbelt.engines import quiet_native_logs
 
-        _quiet_native_logs()  # llama.cpp's own log lines to logging, as the engine does
+        quiet_native_logs()  # llama.cpp's own log lines to logging, as the engine does
         self.lib: Any = llama_cpp
         self.model: Any = _internals.LlamaModel(
             path_model=path, params=llama_cpp.llama_model_default_params(), verbose=False
@@ -279,7 +278,7 @@ def side_tokenbelt(tokens: int) -> dict[str, Any]:
 
 
 def _chat_prompt(model: Any) -> str:
-    from tokenbelt.engines._llama import chat_formatter
+    from tokenbelt.engines import chat_formatter
 
     result = chat_formatter(model)(messages=SEA)
     return str(result.prompt)

@@ -47,8 +47,7 @@ from typing import Any
 
 import _harness
 from tokenbelt.belt import Belt, EndReason, TraceEvent
-from tokenbelt.engines import BatchEngine, GenerationRequest, SamplingParams
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import BatchEngine, GenerationRequest, SamplingParams, usable_cores
 from tokenbelt.models import default_model_path
 
 SEED = 42
@@ -180,7 +179,7 @@ def bare_main(threads: int, tokens: int) -> None:
     )
     llm = bare_llama(threads)
     try:
-        from tokenbelt.engines._llama import chat_formatter, prompt_tokens
+        from tokenbelt.engines import chat_formatter, prompt_tokens
 
         prompt = prompt_tokens(llm._model, chat_formatter(llm._model), request, "bare")
         decode_bare(llm, prompt, request.sampling, tokens)  # warm-up

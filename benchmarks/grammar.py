@@ -29,9 +29,10 @@ from typing import Any
 
 import _harness
 from tokenbelt import Runtime
-from tokenbelt.engines import BatchEngine, Message
-from tokenbelt.engines._grammar import (
+from tokenbelt.engines import (
+    BatchEngine,
     GrammarSampler,
+    Message,
     check_grammar,
     clear_schema_cache,
     schema_grammar,

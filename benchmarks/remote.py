@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 import _harness
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import usable_cores
 from tokenbelt.models import default_model_path
 
 TARGET_RATIO = 0.97

@@ -57,8 +57,7 @@ from typing import Any
 
 import _harness
 from tokenbelt import EndReason, GenerationRequest, Model, Runtime, SamplingParams
-from tokenbelt.engines import LlamaEngine, Message
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import LlamaEngine, Message, usable_cores
 from tokenbelt.models import default_model_path
 
 SEED = 42

@@ -40,8 +40,7 @@ import uvicorn
 import _harness
 from tokenbelt import Runtime
 from tokenbelt.belt import Trace, TraceEvent
-from tokenbelt.engines import GenerationRequest, LlamaEngine, SamplingParams
-from tokenbelt.engines._threads import usable_cores
+from tokenbelt.engines import GenerationRequest, LlamaEngine, SamplingParams, usable_cores
 from tokenbelt.models import default_model_path
 from tokenbelt.server import ServerSettings, create_app
 

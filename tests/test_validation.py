@@ -15,8 +15,7 @@ import pytest
 
 from tokenbelt import InvalidArgument, PromptTooLong, Runtime, SamplingParams, ScriptedEngine
 from tokenbelt.cli import build_parser
-from tokenbelt.engines import GenerationRequest
-from tokenbelt.engines._base import SAMPLING_RANGES
+from tokenbelt.engines import SAMPLING_RANGES, GenerationRequest
 from tokenbelt.models import default_model_path
 from tokenbelt.runtime._runtime import MIN_N_CTX
 from tokenbelt.server.openai._schemas import ChatCompletionRequest

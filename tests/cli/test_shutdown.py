@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from serving import free_port
-from tokenbelt.engines._llama import load_vocab
+from tokenbelt.engines import load_vocab
 from tokenbelt.models import default_model_path
 
 NET_S = 60.0

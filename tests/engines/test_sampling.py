@@ -16,8 +16,7 @@ from tokenbelt import (
     SamplingParams,
     TokenLogprob,
 )
-from tokenbelt.engines import LlamaEngine, Piece
-from tokenbelt.engines._wire import request_body
+from tokenbelt.engines import LlamaEngine, Piece, request_body
 from tokenbelt.models import default_model_path
 
 USER = [{"role": "user", "content": "Name a colour."}]

@@ -20,6 +20,7 @@ from tokenbelt import (
     ScriptedEngine,
 )
 from tokenbelt.belt import Belt, EndReason
+from tokenbelt.engines import EngineStatistics, LoopEngine
 
 NET = 5.0
 LONG = 60.0  # a step far longer than any test may take: only a cancel can cut it short
@@ -267,3 +268,39 @@ def test_sampling_stop_string_becomes_a_tuple() -> None:
 def test_bad_generation_requests(kwargs: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgument):
         GenerationRequest(**kwargs)
+
+
+def test_has_the_loop_shape_the_scheduler_drives() -> None:
+    """``start`` never blocks: the script plays on a producer thread of its own, which
+    records the end, runs the exit hook and then the release, as every engine does."""
+    engine = ScriptedEngine(["a", "b"], delay=0)
+    assert isinstance(engine, LoopEngine)
+    assert engine.slots == 1
+    belt: Belt[str] = Belt(8)
+    exited = threading.Event()
+    order: list[str] = []
+
+    def on_exit() -> None:
+        order.append("exit" if not belt.released else "exit after release")
+        exited.set()
+
+    engine.start(GenerationRequest(prompt="hi there"), belt.producer, on_exit)
+    assert "".join(belt) == "ab"
+    assert belt.wait_released(NET)
+    assert exited.is_set()
+    assert order == ["exit"]
+    assert belt.end_reason is EndReason.STOP
+    assert belt.trace.prompt_tokens == 2
+    engine.close()
+    assert engine.statistics() == EngineStatistics(slots=1, running=0)
+
+
+def test_a_failure_on_the_loop_path_ends_runtime_error() -> None:
+    engine = ScriptedEngine(["a", "b"], delay=0, fail_after=1)
+    belt: Belt[str] = Belt(8)
+    engine.start(GenerationRequest(prompt="hi"), belt.producer)
+    with pytest.raises(DecodeError):
+        "".join(belt)
+    assert belt.wait_released(NET)
+    assert belt.end_reason is EndReason.RUNTIME_ERROR
+    engine.close()

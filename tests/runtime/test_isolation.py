@@ -29,8 +29,7 @@ from tokenbelt import (
     Stream,
     WorkerCrashed,
 )
-from tokenbelt.engines import GenerationRequest, WorkerEngine
-from tokenbelt.engines._worker import ABORT_ENV
+from tokenbelt.engines import ABORT_ENV, GenerationRequest, WorkerEngine
 from tokenbelt.models import default_model_path
 
 from . import NET, Recorder, wait_until

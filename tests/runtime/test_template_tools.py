@@ -16,8 +16,7 @@ import jsonschema
 import pytest
 
 from tokenbelt import Model, Runtime
-from tokenbelt.engines import GenerationRequest
-from tokenbelt.engines._llama import load_vocab, template_tools
+from tokenbelt.engines import GenerationRequest, load_vocab, template_tools
 from tokenbelt.runtime._structured import render_messages, tools_from, tools_json
 from tooling import WEATHER
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tokenbelt import SamplingParams, ScriptedEngine
-from tokenbelt.engines._base import SAMPLING_RANGES
+from tokenbelt.engines import SAMPLING_RANGES
 
 from .conftest import CHAT, NET, Served, ServeFactory, chat_body, scripted_runtime, words
 

@@ -135,7 +135,7 @@ def fail(message: str, status: int = 1) -> NoReturn:
 
 def thread_count(text: str) -> int:
     """A llama.cpp thread count: an integer from 1 to 4x this machine's CPUs."""
-    from ..engines._threads import check_threads
+    from ..engines import check_threads
 
     return _convert(text, lambda t: check_threads("value", int(t)) or 1)
 

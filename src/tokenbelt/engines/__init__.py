@@ -1,27 +1,97 @@
-"""Layer 2: the things that produce tokens (llama.cpp batched and single, in a worker
-process, remote, scripted)."""
+"""Layer 2: the things that produce tokens, behind one typed contract (``_base.py``).
 
-from ._base import Engine, GenerationRequest, Message, Piece, SamplingParams, TokenLogprob
-from ._batch import BatchEngine, BatchStatistics
-from ._discover import UpstreamModel, list_models
-from ._llama import LlamaEngine
-from ._loading import check_gguf_file, load_with_deadline
-from ._remote import RemoteEngine
+- ``llama/``: the batch engine (``llama/_batch.py``: THE decode loop), its grammar,
+  threads and loading, and the single-sequence baseline;
+- ``worker/``: the batch engine in a worker process (``worker/_messages.py``: the pipe
+  protocol);
+- ``remote/``: another serving stack over HTTP;
+- ``_scripted.py``: the test double, on the same loop shape;
+- ``_request.py``: what a request asks for; ``_statistics.py``: what engines report.
+"""
+
+from ._base import Engine, LoopEngine, OnThreads, run_to_end
+from ._request import (
+    MAX_STOP,
+    MAX_TOP_LOGPROBS,
+    ROLES,
+    SAMPLING_KEYS,
+    SAMPLING_RANGES,
+    GenerationRequest,
+    Grammar,
+    Message,
+    Piece,
+    SamplingParams,
+    TokenLogprob,
+    check_text,
+    refuse,
+    refuse_grammar,
+    sampling_from,
+)
 from ._scripted import ScriptedEngine
-from ._upstreams import Upstream, UpstreamPool, UpstreamStatistics
-from ._worker import WorkerEngine, WorkerState, WorkerStatistics
+from ._statistics import (
+    BatchStatistics,
+    EngineStatistics,
+    UpstreamStatistics,
+    WorkerState,
+    WorkerStatistics,
+)
+from .llama import (
+    CALL_ARGUMENTS,
+    CALL_PREFIX,
+    BatchEngine,
+    GrammarCacheInfo,
+    GrammarSampler,
+    LlamaEngine,
+    ThreadTuner,
+    chat_formatter,
+    check_enforceable,
+    check_gguf_file,
+    check_grammar,
+    check_threads,
+    clear_schema_cache,
+    default_threads,
+    functions_grammar,
+    json_object_grammar,
+    load_vocab,
+    load_with_deadline,
+    prompt_tokens,
+    quiet_native_logs,
+    schema_cache_info,
+    schema_grammar,
+    template_tools,
+    thread_candidates,
+    usable_cores,
+)
+from .remote import RemoteEngine, Upstream, UpstreamModel, UpstreamPool, list_models, request_body
+from .worker import ABORT_ENV, DEFAULT_STOP_GRACE, WorkerEngine
 
 __all__ = [
+    "ABORT_ENV",
+    "CALL_ARGUMENTS",
+    "CALL_PREFIX",
+    "DEFAULT_STOP_GRACE",
+    "MAX_STOP",
+    "MAX_TOP_LOGPROBS",
+    "ROLES",
+    "SAMPLING_KEYS",
+    "SAMPLING_RANGES",
     "BatchEngine",
     "BatchStatistics",
     "Engine",
+    "EngineStatistics",
     "GenerationRequest",
+    "Grammar",
+    "GrammarCacheInfo",
+    "GrammarSampler",
     "LlamaEngine",
+    "LoopEngine",
     "Message",
+    "OnThreads",
     "Piece",
     "RemoteEngine",
     "SamplingParams",
     "ScriptedEngine",
+    "ThreadTuner",
     "TokenLogprob",
     "Upstream",
     "UpstreamModel",
@@ -30,7 +100,29 @@ __all__ = [
     "WorkerEngine",
     "WorkerState",
     "WorkerStatistics",
+    "chat_formatter",
+    "check_enforceable",
     "check_gguf_file",
+    "check_grammar",
+    "check_text",
+    "check_threads",
+    "clear_schema_cache",
+    "default_threads",
+    "functions_grammar",
+    "json_object_grammar",
     "list_models",
+    "load_vocab",
     "load_with_deadline",
+    "prompt_tokens",
+    "quiet_native_logs",
+    "refuse",
+    "refuse_grammar",
+    "request_body",
+    "run_to_end",
+    "sampling_from",
+    "schema_cache_info",
+    "schema_grammar",
+    "template_tools",
+    "thread_candidates",
+    "usable_cores",
 ]

@@ -1,313 +1,48 @@
-"""The engine interface: what produces tokens into a belt.
+"""The engine contract: what produces tokens into a belt, as the scheduler sees it.
 
-Two shapes, one producer contract (``belt.Producer``: the producer's end of a
-request's belt, never the consumer's):
+Every engine has one shape, ``LoopEngine``: ``slots`` requests at once, a non-blocking
+``start(request, producer, on_exit)``, ``count_prompt_tokens`` before queueing,
+``statistics()`` and ``close()``. An engine sees only the producer side of each
+request's belt (``belt.Producer``), never the consumer's. For each started request it
+calls ``producer.start()`` when the request is admitted, ``finish``/``fail`` (or sees
+the producer's cancel), then ``on_exit()`` and ``producer.release()`` once the request
+holds nothing of the engine any more.
 
-- a thread engine owns one context (one *slot*): ``generate(request, producer)``
-  runs on the producer thread the runtime gives it and blocks until the request
-  ends; the runtime wraps it in ``belt.produce``, which records the end reason and
-  the release;
-- a batch engine (``BatchEngine``) has ``slots`` and a non-blocking
-  ``start(request, producer, on_exit)``: one loop of its own serves every admitted
-  request and records each one's end and release itself.
+- A batch engine (``llama.BatchEngine``) runs one loop of its own that serves every
+  admitted request; the worker and remote engines do the same in another process or
+  over the network.
+- An engine whose work blocks (``generate(request, producer)``, one request at a time:
+  the scripted test double, the single-sequence llama.cpp baseline) gets the loop shape
+  from ``OnThreads``: each started request runs on a producer thread of its own.
+
+``run_to_end`` turns ``start`` back into a blocking ``generate`` for callers that want
+one request on their own thread (``tokenbelt probe``, the benchmarks).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NotRequired, Protocol, TypedDict
+import threading
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
-from .._defaults import DEFAULT_MAX_TOKENS
-from .._errors import InvalidArgument
+from .._errors import Cancelled
 from ..belt import EndReason, Producer
-from ._grammar import Grammar
+from ._request import GenerationRequest
+from ._statistics import EngineStatistics
 
 
-class Message(TypedDict):
-    """One chat message, as in the OpenAI API (``name``: the speaker, when given)."""
-
-    role: str
-    content: str
-    name: NotRequired[str]
-    #: an assistant turn's calls, for a chat template that renders tools: OpenAI-shaped
-    #: ``{"id", "type", "function": {"name", "arguments"}}`` with the arguments an object
-    tool_calls: NotRequired[list[dict[str, Any]]]
-    #: a ``tool`` turn's call, for a chat template that renders tools
-    tool_call_id: NotRequired[str]
-
-
-#: the roles a chat message may have (the HTTP surface maps ``developer`` to ``system``)
-ROLES = ("system", "user", "assistant", "tool")
-#: most alternatives ``top_logprobs`` may ask for, as in the OpenAI API
-MAX_TOP_LOGPROBS = 20
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """One generated token with its log-probability, and the likeliest alternatives.
-
-    ``logprob`` is the model's own (a log-softmax of the raw logits, before penalties,
-    bias and temperature): what the model thought, whatever the sampler then chose.
-    ``top`` holds the ``top_logprobs`` likeliest tokens at that step, likeliest first.
-    """
-
-    token: str
-    logprob: float
-    #: the token's UTF-8 bytes (a token may hold part of a character)
-    bytes: bytes
-    top: tuple[TokenLogprob, ...] = ()
-
-
-class Piece(str):
-    """A text piece that carries the log-probabilities of the tokens it came from.
-
-    An engine puts these on the belt instead of plain strings only when a request asked
-    for ``logprobs``: it is still a ``str`` everywhere text is read, and the plain path
-    pays nothing. ``text`` may be empty (a token held back for a stop string or an
-    unfinished character) while ``logprobs`` is not. Picklable.
-    """
-
-    logprobs: tuple[TokenLogprob, ...]
-
-    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Piece:
-        piece = super().__new__(cls, text)
-        piece.logprobs = logprobs
-        return piece
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Piece, (str(self), self.logprobs))
-
-
-def _number(name: str, value: object, param: str | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise InvalidArgument(f"{name} must be a number, got {value!r}", param=param or name)
-    return float(value)
-
-
-#: The one set of sampling ranges: the SDK, the CLI and the HTTP API all accept exactly
-#: these (name -> (lowest, highest, whether the lowest itself is allowed)).
-SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
-    "max_tokens": (1, 1_000_000, True),
-    "temperature": (0.0, 2.0, True),
-    "top_p": (0.0, 1.0, False),
-    "top_k": (0, 100_000, True),
-    "min_p": (0.0, 1.0, True),
-    "repeat_penalty": (0.0, 10.0, False),
-    "seed": (0, 2**32 - 1, True),
-}
-#: the most stop sequences one request may give
-MAX_STOP = 16
-
-
-def check_text(what: str, text: str) -> None:
-    """Refuse text that cannot be UTF-8 (a lone UTF-16 surrogate such as JSON ``"\\ud800"``)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = text[exc.start]
-        raise InvalidArgument(
-            f"{what} is not valid Unicode: a lone surrogate {bad!a} at position {exc.start}"
-        ) from None
-
-
-def _in_range(name: str, value: float) -> None:
-    low, high, low_included = SAMPLING_RANGES[name]
-    if not ((low <= value if low_included else low < value) and value <= high):
-        opening = "[" if low_included else "("
-        raise InvalidArgument(
-            f"{name} must be in {opening}{_plain(low)}, {_plain(high)}], got {value!r}"
-        )
-
-
-def _plain(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() else str(bound)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings, named as in the OpenAI API where one exists.
-
-    Validated on construction: a bad value raises ``InvalidArgument`` before any
-    compute is spent.
-    """
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    #: OpenAI's: minus ``frequency_penalty`` times how often a token was generated so far
-    frequency_penalty: float = 0.0
-    #: OpenAI's: minus ``presence_penalty`` for every token generated at least once
-    presence_penalty: float = 0.0
-    #: (token id, bias) pairs added to the logits; -100 bans a token, +100 forces it
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    #: return each generated token's log-probability (``Piece`` items on the belt)
-    logprobs: bool = False
-    #: with ``logprobs``, also the this many likeliest tokens of each step (0 to 20)
-    top_logprobs: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("max_tokens", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgument(f"{name} must be an integer, got {value!r}")
-            _in_range(name, value)
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
-            _in_range(name, _number(name, getattr(self, name)))
-        if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-                raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
-            _in_range("seed", self.seed)
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        if not all(isinstance(s, str) and s for s in stop):
-            raise InvalidArgument("stop must be a string or a list of non-empty strings")
-        if len(stop) > MAX_STOP:
-            raise InvalidArgument(f"stop holds at most {MAX_STOP} strings, got {len(stop)}")
-        for text in stop:
-            check_text("stop", text)
-        object.__setattr__(self, "stop", tuple(stop))
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
-                raise InvalidArgument(
-                    f"{name} must be in [-2, 2], got {getattr(self, name)}", param=name
-                )
-        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
-        if not isinstance(self.logprobs, bool):
-            raise InvalidArgument(
-                f"logprobs must be true or false, got {self.logprobs!r}", param="logprobs"
-            )
-        top = self.top_logprobs
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise InvalidArgument(
-                f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
-                param="top_logprobs",
-            )
-        if top and not self.logprobs:
-            raise InvalidArgument("top_logprobs needs logprobs to be true", param="top_logprobs")
-
-
-def refuse(s: SamplingParams, engine: str, *names: str) -> None:
-    """Raise ``InvalidArgument`` (naming the parameter) if ``s`` uses one of ``names``,
-    which ``engine`` cannot honour: a parameter is never silently ignored."""
-    for name in names:
-        if getattr(s, name) != SamplingParams.__dataclass_fields__[name].default:
-            raise InvalidArgument(f"{name} is not supported by the {engine} engine", param=name)
-
-
-def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
-    """``{token id: bias}`` (token ids may be strings, as JSON keys are) or pairs, checked;
-    kept as sorted pairs so the parameters stay hashable and picklable."""
-    items = value.items() if isinstance(value, dict) else value
-    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
-        raise InvalidArgument(
-            f"logit_bias must map token ids to biases, got {value!r}", param="logit_bias"
-        )
-    pairs: dict[int, float] = {}
-    for item in items:
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise InvalidArgument(
-                f"logit_bias must map token ids to biases, got {value!r}", param="logit_bias"
-            )
-        token, bias = item
-        try:
-            token_id = int(token) if isinstance(token, str | int) else -1
-        except ValueError:
-            token_id = -1
-        if isinstance(token, bool) or token_id < 0:
-            raise InvalidArgument(
-                f"logit_bias keys must be token ids (integers >= 0), got {token!r}",
-                param="logit_bias",
-            )
-        if not -100.0 <= _number("a logit_bias value", bias, "logit_bias") <= 100.0:
-            raise InvalidArgument(
-                f"logit_bias values must be in [-100, 100], got {bias!r}", param="logit_bias"
-            )
-        pairs[token_id] = float(bias)
-    return tuple(sorted(pairs.items()))
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What to generate: chat ``messages`` or a raw ``prompt`` (exactly one of them).
-
-    ``conversation_id`` lets an engine keep the KV cache of a conversation's prefix
-    between its turns; requests of other conversations never see that state.
-    ``grammar`` constrains sampling (structured output, tool calls); an engine that
-    cannot apply it refuses the request with ``InvalidArgument`` before any compute.
-    ``tools`` (JSON text of a list of OpenAI-shaped tools; text so that a request stays
-    cheap to pickle) goes to a chat template that renders tools (``template_tools`` on
-    the engine); other engines ignore it, the tools being described in the messages.
-    """
-
-    messages: tuple[Message, ...] | None = None
-    prompt: str | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    conversation_id: str | None = None
-    grammar: Grammar | None = None
-    tools: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.messages is None) == (self.prompt is None):
-            raise InvalidArgument("give either messages or a prompt")
-        if self.tools is not None and self.messages is None:
-            raise InvalidArgument("tools go with chat messages, not a raw prompt")
-        if isinstance(self.messages, str):
-            raise InvalidArgument(
-                "messages is a list of {'role': ..., 'content': ...} dicts, not a string; "
-                "pass [{'role': 'user', 'content': text}] (or prompt=text for a raw prompt)"
-            )
-        if self.messages is not None:
-            for m in self.messages:
-                if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-                    raise InvalidArgument(f"each message needs a string content, got {m!r}")
-                if m.get("role") not in ROLES:
-                    raise InvalidArgument(f"unknown message role {m.get('role')!r}")
-                check_text("message content", m["content"])
-        if self.prompt is not None:
-            if not isinstance(self.prompt, str):
-                raise InvalidArgument(f"prompt must be a string, got {self.prompt!r}")
-            if not self.prompt:
-                # No token to start from: llama.cpp cannot decode an empty batch.
-                raise InvalidArgument("prompt is empty: give at least one character of text")
-            check_text("prompt", self.prompt)
-
-    @classmethod
-    def chat(
-        cls,
-        messages: Sequence[Message],
-        sampling: SamplingParams | None = None,
-        conversation_id: str | None = None,
-        grammar: Grammar | None = None,
-    ) -> GenerationRequest:
-        return cls(
-            messages=tuple(messages),
-            sampling=sampling or SamplingParams(),
-            conversation_id=conversation_id,
-            grammar=grammar,
-        )
-
-
-def refuse_grammar(request: GenerationRequest, engine: str) -> None:
-    """For an engine that cannot constrain sampling: a grammar is an error, never ignored."""
-    if request.grammar is not None:
-        raise InvalidArgument(f"{engine} cannot constrain output with a grammar")
-
-
-class Engine(Protocol):
-    """One loaded model context that can serve one request at a time."""
+@runtime_checkable
+class LoopEngine(Protocol):
+    """One loaded model that serves up to ``slots`` requests at once."""
 
     #: a short name for logs and traces
     name: str
-    #: the context window in tokens
+    #: the context window in tokens (of each sequence)
     context_length: int
+    #: requests it can run at once: the scheduler gives it no more
+    slots: int
+    #: whether its chat template renders tools itself (then requests carry ``tools``)
+    template_tools: bool
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenise the request's prompt; raises ``PromptTooLong`` if it cannot fit.
@@ -316,17 +51,157 @@ class Engine(Protocol):
         """
         ...
 
-    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
-        """Produce text pieces into ``producer`` until the request ends; blocking.
+    def start(
+        self,
+        request: GenerationRequest,
+        producer: Producer[str],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Hand a request to the engine; never blocks (safe under the scheduler's lock).
 
-        Waits for room before computing each token (backpressure), checks the belt
-        at every safe point and raises ``Cancelled`` when it was cancelled. Returns
-        ``stop`` or ``length``. Counts prompt and completion tokens on the producer
-        (``count_prompt``, ``count_token``) as soon as they are known. Before it
-        returns or raises, the context is ready for the next request.
+        The engine waits for room before computing each token (backpressure), honours
+        the producer's cancel at its next safe point, counts prompt and completion
+        tokens on the producer as soon as it knows them, ends the request exactly once
+        and then calls ``on_exit()`` and ``producer.release()``. Raises
+        ``IllegalState`` when closed or when ``slots`` requests already run.
         """
         ...
 
-    def close(self) -> None:
-        """Free the context and the model's native memory. Idempotent."""
+    def statistics(self) -> EngineStatistics:
+        """A snapshot of the engine's counters (any thread)."""
         ...
+
+    def close(self) -> None:
+        """Free the engine's native memory (or process, or connections). Idempotent."""
+        ...
+
+
+#: the engine contract's name everywhere outside this module
+Engine = LoopEngine
+
+
+class OnThreads:
+    """The loop shape for an engine whose ``generate`` blocks: one slot, and each started
+    request runs ``generate`` on a producer thread of its own.
+
+    The thread follows the producer protocol that ``Belt.produce`` follows: a natural
+    end is recorded as ``generate`` returns it, a ``Cancelled`` ends quietly (the belt
+    has the reason), any other error ends the request ``runtime_error``; then
+    ``on_exit()`` runs and the release is recorded, even if ``on_exit`` fails.
+    """
+
+    name: str
+    slots = 1
+
+    def __init__(self) -> None:
+        self._threads_lock = threading.Lock()
+        self._producers: list[threading.Thread] = []
+
+    def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
+        """Produce into ``producer`` until the request ends; blocking (see the subclass)."""
+        raise NotImplementedError
+
+    def start(
+        self,
+        request: GenerationRequest,
+        producer: Producer[str],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Run ``generate`` for ``request`` on a new producer thread; never blocks."""
+        thread = threading.Thread(
+            target=self._produce,
+            args=(request, producer, on_exit),
+            name=f"tokenbelt-{self.name}-{producer.trace.request_id}",
+            daemon=True,
+        )
+        with self._threads_lock:
+            self._producers = [t for t in self._producers if t.is_alive()]
+            self._producers.append(thread)
+        thread.start()
+
+    def _produce(
+        self,
+        request: GenerationRequest,
+        producer: Producer[str],
+        on_exit: Callable[[], None] | None,
+    ) -> None:
+        producer.start()
+        try:
+            producer.finish(self.generate(request, producer) or EndReason.STOP)
+        except Cancelled as exc:
+            producer.cancel(exc.reason)
+        except Exception as exc:
+            producer.fail(exc)
+        except BaseException:
+            producer.cancel(EndReason.SHUTDOWN)
+            raise
+        finally:
+            try:
+                if on_exit is not None:
+                    on_exit()
+            finally:
+                producer.release()
+
+    def statistics(self) -> EngineStatistics:
+        with self._threads_lock:
+            running = sum(1 for t in self._producers if t.is_alive())
+        return EngineStatistics(slots=self.slots, running=running)
+
+    def join_producers(self, timeout: float | None = 30.0) -> None:
+        """Wait for the producer threads of started requests to end (not this one)."""
+        with self._threads_lock:
+            threads = list(self._producers)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+
+def run_to_end(
+    start: Callable[..., None], request: GenerationRequest, producer: Producer[str]
+) -> EndReason:
+    """``generate`` for an engine that only has ``start`` (batch, worker, remote): start
+    the request with a ``_Caller`` and block until the engine let go of it. Returns
+    ``stop``/``length``; raises the engine's error, or ``Cancelled`` after a stop."""
+    caller = _Caller(producer)
+    start(request, caller)
+    caller.done.wait()
+    if caller.error is not None:
+        raise caller.error
+    if caller.reason is not None:
+        return caller.reason
+    raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
+
+
+class _Caller(Producer[str]):
+    """The producer ``generate`` hands to the loop: the caller's ``produce`` records the
+    request's end and release, so here they are only remembered and signalled."""
+
+    __slots__ = ("done", "error", "reason")
+
+    def __init__(self, producer: Producer[str]) -> None:
+        super().__init__(producer._belt if isinstance(producer, Producer) else producer)
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.reason: EndReason | None = None
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        if self.reason is not None:
+            return self.reason
+        if self.error is not None:
+            return EndReason.RUNTIME_ERROR
+        return self._belt.end_reason
+
+    def start(self) -> None:
+        pass
+
+    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
+        self.reason = reason
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        self.error = error
+        return True
+
+    def release(self) -> None:
+        self.done.set()

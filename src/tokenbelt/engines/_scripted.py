@@ -7,11 +7,17 @@ from collections.abc import Sequence
 
 from .._errors import DecodeError, InvalidArgument, PromptTooLong
 from ..belt import EndReason, Producer, check_duration
-from ._base import GenerationRequest, refuse_grammar
+from ._base import OnThreads
+from ._request import GenerationRequest, refuse_grammar
 
 
-class ScriptedEngine:
+class ScriptedEngine(OnThreads):
     """Produces ``tokens`` one by one, ``delay`` seconds apart, honouring the belt.
+
+    It has the loop shape every engine has (``slots``, a non-blocking ``start``,
+    ``statistics``; see ``OnThreads``), so the scheduler runs it on the production path:
+    each started request runs ``generate`` on a producer thread of its own. A test may
+    override ``generate`` to play any engine behaviour.
 
     - ``prefill_delay``: seconds of "prefill" before the first token (interruptible,
       as llama.cpp's abort hook makes a real prefill);
@@ -23,6 +29,8 @@ class ScriptedEngine:
     """
 
     name = "scripted"
+    #: no chat template: tools are described in the messages
+    template_tools = False
 
     def __init__(
         self,
@@ -34,6 +42,7 @@ class ScriptedEngine:
         gate: threading.Event | None = None,
         context_length: int = 4096,
     ) -> None:
+        super().__init__()
         self.tokens = list(tokens)
         self.delay = check_duration("delay", delay) or 0.0
         self.prefill_delay = check_duration("prefill_delay", prefill_delay) or 0.0
@@ -94,4 +103,6 @@ class ScriptedEngine:
         return EndReason.STOP
 
     def close(self) -> None:
+        """Refuse further requests and wait for the producer threads to end."""
         self.closed = True
+        self.join_producers()

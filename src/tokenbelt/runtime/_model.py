@@ -7,10 +7,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE
-from .._errors import IllegalState, InvalidArgument, ModelLoading, RuntimeClosed
+from .._errors import IllegalState, ModelLoading, RuntimeClosed
 from ..belt import (
     Belt,
     DeadlineTimer,
@@ -21,17 +21,13 @@ from ..belt import (
     check_duration,
     new_request_id,
 )
-from ..engines import Engine, GenerationRequest, Message, SamplingParams
+from ..engines import Engine, GenerationRequest, Message, sampling_from
 from ._scheduler import Scheduler, SchedulerStatistics
+from ._session import ChatSession
 from ._stream import Reply, Stream
 from ._structured import Structure, render_messages, structure, tools_json
 
-if TYPE_CHECKING:
-    from ._session import ChatSession
-
 logger = logging.getLogger("tokenbelt.runtime")
-
-SAMPLING_KEYS = frozenset(SamplingParams.__dataclass_fields__)
 
 
 class ModelState(enum.Enum):
@@ -53,21 +49,6 @@ _TRANSITIONS = {
     ModelState.IDLE_UNLOADED: {ModelState.LOADING, ModelState.CLOSED},
     ModelState.CLOSED: set(),
 }
-
-
-def sampling_from(params: dict[str, Any], defaults: SamplingParams | None = None) -> SamplingParams:
-    """Build validated ``SamplingParams`` from OpenAI-named keyword arguments."""
-    unknown = set(params) - SAMPLING_KEYS
-    if unknown:
-        raise InvalidArgument(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
-    base = defaults or SamplingParams()
-    merged = {k: getattr(base, k) for k in SAMPLING_KEYS}
-    merged.update({k: v for k, v in params.items() if v is not None})
-    if isinstance(merged["stop"], str):
-        merged["stop"] = (merged["stop"],)
-    elif merged["stop"] is not None:
-        merged["stop"] = tuple(merged["stop"])
-    return SamplingParams(**merged)
 
 
 def _load_wait(limits: Limits) -> float | None:
@@ -151,7 +132,7 @@ class Model:
             self._scheduler = Scheduler(engines, queue_size=self.queue_size, on_idle=self._arm_idle)
             # Remembered for while the model is unloaded for being idle.
             self._context_length = engines[0].context_length if engines else 0
-            self._template_tools = bool(engines and getattr(engines[0], "template_tools", False))
+            self._template_tools = bool(engines and engines[0].template_tools)
             self._state = ModelState.READY
             self._changed.notify_all()
         self.loaded_at = time.monotonic()
@@ -426,8 +407,6 @@ class Model:
 
     def chat(self, system: str | None = None, **defaults: Any) -> ChatSession:
         """A chat session that keeps the conversation; usable with ``with``."""
-        from ._session import ChatSession
-
         return ChatSession(self, system=system, **defaults)
 
     def achat(self, system: str | None = None, **defaults: Any) -> ChatSession:

@@ -14,6 +14,7 @@ from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE, DEFAULT_SLOTS
 from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
 from ..belt import DeadlineTimer, Limits, Observer, check_capacity, check_duration
 from ..engines import (
+    DEFAULT_STOP_GRACE,
     BatchEngine,
     Engine,
     RemoteEngine,
@@ -21,10 +22,10 @@ from ..engines import (
     UpstreamModel,
     UpstreamPool,
     WorkerEngine,
+    check_threads,
+    default_threads,
     list_models,
 )
-from ..engines._threads import check_threads, default_threads
-from ..engines._worker import DEFAULT_STOP_GRACE
 from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, resolve_and_fetch
 from ._model import Model
 

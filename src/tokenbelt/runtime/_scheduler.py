@@ -1,12 +1,12 @@
 """Slots and the bounded FIFO admission queue of one model.
 
-A slot serves one request at a time. A batch engine (one with ``start``) brings
-``engine.slots`` slots of one context and runs every admitted request in its own
-loop; any other engine is one slot whose request runs on a producer thread of
-its own. A request that finds no free slot waits in the queue; a full queue
-rejects at once. A queued request that is cancelled, or whose deadline passes
-(the runtime's deadline timer fires it, reader or not), leaves the queue at once
-and is released.
+A slot serves one request at a time. Every engine has the loop shape
+(``engines.LoopEngine``): it brings ``engine.slots`` slots and runs every request it
+is given with ``start`` in its own loop (a batch engine in one llama.cpp context; an
+engine whose work blocks, on a producer thread per request). A request that finds no
+free slot waits in the queue; a full queue rejects at once. A queued request that is
+cancelled, or whose deadline passes (the runtime's deadline timer fires it, reader or
+not), leaves the queue at once and is released.
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ class SchedulerStatistics:
     queue_peak: int
 
 
-def _slots_of(engine: Engine) -> int:
-    return max(1, int(getattr(engine, "slots", 1)))
-
-
 class _Job:
     __slots__ = ("belt", "request")
 
@@ -65,13 +61,12 @@ class Scheduler:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         # One entry per slot: a batch engine appears once for each of its sequences.
-        self._free: list[Engine] = [e for e in engines for _ in range(_slots_of(e))]
+        self._free: list[Engine] = [e for e in engines for _ in range(max(1, e.slots))]
         self.slots = len(self._free)
         self._queue: collections.deque[_Job] = collections.deque()
         self._running: dict[int, _Job] = {}
         self._queue_peak = 0
         self._closed = False
-        self._threads: list[threading.Thread] = []
 
     def statistics(self) -> SchedulerStatistics:
         with self._lock:
@@ -123,25 +118,8 @@ class Scheduler:
 
     def _start_locked(self, job: _Job, engine: Engine) -> None:
         self._running[id(job)] = job
-        start = getattr(engine, "start", None)
-        if start is not None:
-            # A batch engine: its loop admits the request; no thread of our own.
-            start(job.request, job.belt.producer, lambda: self._finished(job, engine))
-            return
-
-        def target(belt: Belt[str]) -> EndReason:
-            return engine.generate(job.request, belt.producer)
-
-        thread = threading.Thread(
-            target=job.belt.produce,
-            args=(target,),
-            kwargs={"on_exit": lambda: self._finished(job, engine)},
-            name=f"tokenbelt-{engine.name}-{job.belt.trace.request_id}",
-            daemon=True,
-        )
-        self._threads = [t for t in self._threads if t.is_alive()]
-        self._threads.append(thread)
-        thread.start()
+        # The engine's loop admits the request; never blocks.
+        engine.start(job.request, job.belt.producer, lambda: self._finished(job, engine))
 
     def _finished(self, job: _Job, engine: Engine) -> None:
         """On the producer thread, after the engine let go: hand the slot on."""
@@ -192,8 +170,3 @@ class Scheduler:
         self.drain()
         if not self.wait_idle(timeout):
             logger.warning("requests still running %s s after shutdown", timeout)
-        with self._lock:
-            threads = list(self._threads)
-        for t in threads:
-            if t is not threading.current_thread():
-                t.join(timeout)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import IllegalState, InvalidArgument
 from ..belt import Limits
-from ..engines import GenerationRequest, Message
+from ..engines import GenerationRequest, Message, sampling_from
 from ._stream import Reply, Stream
 from ._structured import render_messages, structure, tools_json
 
@@ -26,8 +26,6 @@ class ChatSession:
     """
 
     def __init__(self, model: Model, *, system: str | None = None, **defaults: Any) -> None:
-        from ._model import sampling_from
-
         self.model = model
         self.conversation_id = "conv_" + secrets.token_hex(8)
         self.messages: list[Message] = []
@@ -70,8 +68,6 @@ class ChatSession:
         With ``tool_call_id``, ``text`` is that call's result (a ``tool`` turn).
         Raises ``IllegalState`` while the previous turn's stream is still running.
         """
-        from ._model import sampling_from
-
         if not isinstance(text, str):
             raise InvalidArgument(f"a chat turn is a string, got {type(text).__name__}")
         shape = structure(schema, tools, tool_choice)

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import InvalidArgument
-from ..engines import Message
-from ..engines._grammar import (
+from ..engines import (
     CALL_ARGUMENTS,
     CALL_PREFIX,
     Grammar,
+    Message,
     functions_grammar,
     schema_grammar,
 )

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
 from ...belt import Limits, Trace, TraceEvent
-from ...engines import BatchEngine, RemoteEngine, WorkerEngine, WorkerStatistics
+from ...engines import BatchStatistics, EngineStatistics, WorkerStatistics
 from ...runtime import Model, ModelState, Runtime, Stream
 from ._metrics import Metrics
 from ._middleware import Caller
@@ -121,30 +121,27 @@ class ServerState:
         self.metrics = Metrics(
             lambda: {name: m.statistics() for name, m in runtime.models.items()},
             lambda: {
-                name: e.statistics()
-                for name, m in runtime.models.items()
-                for e in m.engines
-                if isinstance(e, BatchEngine | WorkerEngine)
+                name: s for name, s in self._engine_statistics() if isinstance(s, BatchStatistics)
             },
             lambda: {
-                name: e.upstreams()
-                for name, m in runtime.models.items()
-                for e in m.engines
-                if isinstance(e, RemoteEngine)
+                name: list(s.upstreams)
+                for name, s in self._engine_statistics()
+                if s.upstreams is not None
             },
             self.workers,
         )
         runtime.subscribe(self.metrics.observe)
         runtime.subscribe(self._remember)
 
+    def _engine_statistics(self) -> list[tuple[str, EngineStatistics]]:
+        """Every engine's snapshot, by the name of its model."""
+        return [
+            (name, e.statistics()) for name, m in self.runtime.models.items() for e in m.engines
+        ]
+
     def workers(self) -> dict[str, WorkerStatistics]:
         """The worker process of every model that runs in one (``isolation="process"``)."""
-        return {
-            name: e.worker_statistics()
-            for name, m in self.runtime.models.items()
-            for e in m.engines
-            if isinstance(e, WorkerEngine)
-        }
+        return {name: s.worker for name, s in self._engine_statistics() if s.worker is not None}
 
     # -- models ------------------------------------------------------------------------------
 

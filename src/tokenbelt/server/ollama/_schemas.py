@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument
-from ...engines._grammar import Grammar, json_object_grammar, schema_grammar
+from ...engines import Grammar, json_object_grammar, schema_grammar
 from ..core import TokenbeltOptions, UnsupportedParameter, ranges
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")

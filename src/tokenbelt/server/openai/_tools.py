@@ -17,9 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument
-from ...engines import Message
-from ...engines._grammar import Grammar, json_object_grammar, schema_grammar
-from ...runtime._structured import (
+from ...engines import Grammar, Message, json_object_grammar, schema_grammar
+from ...runtime import (
     CallStream,
     Tool,
     ToolCall,

@@ -44,10 +44,12 @@ from typing import Any
 
 import aiohttp
 
-from .._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
-from ..belt import EndReason, Producer
-from ._base import GenerationRequest, refuse, refuse_grammar
-from ._upstreams import UpstreamPool, UpstreamState, UpstreamStatistics
+from ..._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
+from ...belt import EndReason, Producer
+from .._base import run_to_end
+from .._request import GenerationRequest, refuse, refuse_grammar
+from .._statistics import EngineStatistics, UpstreamStatistics
+from ._upstreams import UpstreamPool, UpstreamState
 from ._wire import (
     READ_BUFFER_BYTES,
     error_message,
@@ -126,6 +128,9 @@ class RemoteEngine:
     is asked whether it answers: an ejected upstream that does is back in at once.
     """
 
+    #: the upstream applies its own template: tools are described in the messages
+    template_tools = False
+
     def __init__(
         self,
         pool: UpstreamPool,
@@ -185,13 +190,17 @@ class RemoteEngine:
 
     def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
         """Blocking: one request, for a caller that wraps the engine in ``belt.produce``."""
-        from ._batch import run_to_end
-
         return run_to_end(self.start, request, producer)
 
     def upstreams(self) -> list[UpstreamStatistics]:
         """A snapshot of every upstream's counters (any thread)."""
         return self.pool.statistics()
+
+    def statistics(self) -> EngineStatistics:
+        """Slots, requests running and every upstream's counters (any thread)."""
+        with self._lock:
+            running = len(self._jobs)
+        return EngineStatistics(self.slots, running, upstreams=tuple(self.upstreams()))
 
     # -- one request --------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .._errors import UpstreamUnavailable
+from ..._errors import UpstreamUnavailable
 
 
 @dataclass(frozen=True)

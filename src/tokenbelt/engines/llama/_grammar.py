@@ -22,10 +22,12 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .._errors import DecodeError, InvalidArgument
+from ..._errors import DecodeError, InvalidArgument
+from .._request import Grammar
+from ._binding import quiet_native_logs
 
 #: schemas kept compiled (their GBNF text)
 SCHEMA_CACHE_SIZE = 128
@@ -40,24 +42,6 @@ _UNENFORCED = frozenset(
     }
 )  # fmt: skip
 _FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4"})
-
-
-@dataclass(frozen=True)
-class Grammar:
-    """A GBNF grammar for one request; plain strings, so it pickles.
-
-    With ``triggers`` the grammar is lazy: text is free until the output matches one of
-    the patterns (a full match of everything so far, ECMAScript regex); from the first
-    capture group of that match on, the grammar applies.
-    """
-
-    gbnf: str
-    root: str = "root"
-    triggers: tuple[str, ...] = ()
-    #: seconds the compilation took (0.0 when it came from the cache)
-    compile_s: float = field(default=0.0, compare=False)
-    #: whether the compiled text came from the cache
-    cached: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -91,9 +75,7 @@ def _binding() -> None:
     """Import llama-cpp-python as the engines do: its native log lines go to ``logging``
     and the files it opens at import are closed at exit (a process may compile schemas
     before, or without, loading a model)."""
-    from ._llama import _quiet_native_logs
-
-    _quiet_native_logs()
+    quiet_native_logs()
 
 
 class _SchemaCache:

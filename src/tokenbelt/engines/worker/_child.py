@@ -1,24 +1,16 @@
 """The engine worker process: a ``BatchEngine`` behind a pipe.
 
-Started by ``WorkerEngine`` as ``python -m tokenbelt.engines._worker_main FD``, where
-``FD`` is this end of a socket pair. The first message names the model file and the
-engine's options; the worker loads it, answers ``ready`` (or ``load_error``) and then
-serves messages until the parent says ``close`` or goes away (end of file).
+Started by ``WorkerEngine`` as ``python -m tokenbelt.engines.worker._child FD``, where
+``FD`` is this end of a socket pair. The first message (``Load``) names the model file
+and the engine's options; the worker loads it, answers ``Ready`` (or ``LoadError``) and
+then serves messages until the parent says ``Close`` or goes away (end of file). The
+messages are the records of ``_messages.py``.
 
 The batch engine runs here unchanged: each request gets a ``_Forward`` producer, which
 sends everything the engine does to the request (admit, counts, items, the end, the
 release) to the parent, and knows the room the parent granted (credits). It never
 holds more than its credits: the parent grants room as its reader takes items, so the
 engine is never more than the belt's capacity ahead of the reader.
-
-Messages, parent to worker: ``("start", rid, request_id, request, capacity, tokens)``
-(``tokens``: the prompt as the parent tokenized it, or None),
-``("cancel", rid, reason)``, ``("credit", rid, n)``, ``("close",)``. Worker to parent:
-``("ready", info)``, ``("load_error", message)``, ``("admit", rid)``, ``("prompt", rid,
-n)``, ``("cached", rid, n)``, ``("item", rid, item, tokens)``, ``("finish", rid,
-reason, tokens, stop_sequence)``, ``("fail", rid, message, tokens)``, ``("cancel", rid,
-reason)``, ``("release", rid, batched_with, statistics)``. Items are pickled as they
-are, whatever the engine puts.
 """
 
 from __future__ import annotations
@@ -30,12 +22,32 @@ import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
-from .._errors import Cancelled, IllegalState, TokenbeltError
-from ..belt import EndReason, Producer, Trace
-from ._base import GenerationRequest
-from ._batch import BatchEngine
+from ..._errors import Cancelled, IllegalState, TokenbeltError
+from ...belt import EndReason, Producer, Trace
+from .._statistics import BatchStatistics
+from ..llama import BatchEngine
+from ._messages import (
+    Admit,
+    Cached,
+    Cancel,
+    Close,
+    Credit,
+    Fail,
+    Finish,
+    Item,
+    Load,
+    LoadError,
+    Prompt,
+    Ready,
+    Release,
+    Start,
+    ToParent,
+    ToWorker,
+    decode,
+    encode,
+)
 
 #: a test-only crash point, set by the parent for its first worker: "prefill" or "decode"
 ABORT_POINTS = ("prefill", "decode")
@@ -48,12 +60,12 @@ class _Link:
         self.conn = conn
         self._lock = threading.Lock()
         #: the engine's counters, sent with each release for the parent's metrics
-        self.stats: Callable[[], Any] | None = None
+        self.stats: Callable[[], BatchStatistics] | None = None
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: ToParent) -> None:
         # The parent is gone when this fails: the reader sees the end and exits.
         with self._lock, contextlib.suppress(OSError):
-            self.conn.send(message)
+            self.conn.send(encode(message))
 
 
 class _Forward(Producer[Any]):
@@ -167,7 +179,7 @@ class _Forward(Producer[Any]):
                 raise IllegalState("put_nowait on a full belt: check has_room() first")
             self._credit -= 1
             tokens, self._tokens = self._tokens, 0
-        self._link.send(("item", self.rid, item, tokens))
+        self._link.send(Item(self.rid, item, tokens))
         if self._crash is not None:
             self._crash.arm("decode")
 
@@ -186,7 +198,7 @@ class _Forward(Producer[Any]):
             callback(self._reason)
 
     def start(self) -> None:
-        self._link.send(("admit", self.rid))
+        self._link.send(Admit(self.rid))
 
     def _end(self, reason: EndReason) -> tuple[bool, int]:
         with self._cond:
@@ -201,13 +213,13 @@ class _Forward(Producer[Any]):
     def finish(self, reason: EndReason = EndReason.STOP) -> bool:
         ended, tokens = self._end(reason)
         if ended:
-            self._link.send(("finish", self.rid, reason.value, tokens, self._trace.stop_sequence))
+            self._link.send(Finish(self.rid, reason, tokens, self._trace.stop_sequence))
         return ended
 
     def fail(self, error: BaseException) -> bool:
         ended, tokens = self._end(EndReason.RUNTIME_ERROR)
         if ended:
-            self._link.send(("fail", self.rid, str(error) or type(error).__name__, tokens))
+            self._link.send(Fail(self.rid, str(error) or type(error).__name__, tokens))
         return ended
 
     def cancel(self, reason: EndReason) -> bool:
@@ -217,7 +229,7 @@ class _Forward(Producer[Any]):
             self._reason = reason
             callbacks, self._callbacks = self._callbacks, []
             self._cond.notify_all()
-        self._link.send(("cancel", self.rid, reason.value))
+        self._link.send(Cancel(self.rid, reason))
         for callback in callbacks:
             callback(reason)
         return True
@@ -226,15 +238,15 @@ class _Forward(Producer[Any]):
         # Set at release so that the parent's trace lists every batch this one was in.
         peers = sorted(self._trace.batched_with)
         stats = self._link.stats() if self._link.stats is not None else None
-        self._link.send(("release", self.rid, peers, stats))
+        self._link.send(Release(self.rid, peers, stats))
 
     def count_prompt(self, tokens: int) -> None:
-        self._link.send(("prompt", self.rid, tokens))
+        self._link.send(Prompt(self.rid, tokens))
         if self._crash is not None:
             self._crash.arm("prefill")
 
     def count_cached(self, tokens: int) -> None:
-        self._link.send(("cached", self.rid, tokens))
+        self._link.send(Cached(self.rid, tokens))
 
     def count_token(self) -> None:
         with self._cond:
@@ -252,16 +264,12 @@ class _Crash:
     def __init__(self, engine: BatchEngine, point: str) -> None:
         self.point = point
         self._armed = False
-        flag = engine._flag
-        lib = engine._lib
+        engine.wrap_abort_hook(self._hook)
 
-        def hook(_data: Any) -> bool:
-            if self._armed:
-                os.abort()
-            return bool(flag[0] == b"\x01")
-
-        self._hook = lib.ggml_abort_callback(hook)  # kept: the native side holds a pointer
-        lib.llama_set_abort_callback(engine._ctx.ctx, self._hook, None)
+    def _hook(self, stopped: bool) -> bool:
+        if self._armed:
+            os.abort()
+        return stopped
 
     def arm(self, point: str) -> None:
         if point == self.point:
@@ -280,39 +288,33 @@ class _Worker:
         conn = self.link.conn
         while True:
             try:
-                message = conn.recv()
+                message = cast(ToWorker, decode(conn.recv()))
             except (EOFError, OSError):
                 return
-            kind = message[0]
-            if kind == "credit":
-                found = self.requests.get(message[1])
-                if found is not None:
-                    found.grant(message[2])
-            elif kind == "cancel":
-                found = self.requests.pop(message[1], None)
-                if found is not None:
-                    found.stop(EndReason(message[2]))
-            elif kind == "start":
-                self._start(*message[1:])
-            elif kind == "close":
-                return
+            match message:
+                case Credit(rid, n):
+                    found = self.requests.get(rid)
+                    if found is not None:
+                        found.grant(n)
+                case Cancel(rid, reason):
+                    found = self.requests.pop(rid, None)
+                    if found is not None:
+                        found.stop(reason)
+                case Start():
+                    self._start(message)
+                case Close():
+                    return
 
-    def _start(
-        self,
-        rid: int,
-        request_id: str,
-        request: GenerationRequest,
-        capacity: int,
-        tokens: list[int] | None,
-    ) -> None:
-        producer = _Forward(self.link, rid, request_id, capacity, self.crash)
+    def _start(self, message: Start) -> None:
+        rid, request = message.rid, message.request
+        producer = _Forward(self.link, rid, message.request_id, message.capacity, self.crash)
         self.requests[rid] = producer
         # Off the engine's loop, as the runtime does in-process: the parent's tokens (its
         # vocabulary is this model's), else tokenized here. A prompt that fails here
         # fails again in the loop, which ends the request with the error.
         with contextlib.suppress(Exception):
-            if tokens is not None:
-                self.engine.keep_prompt_tokens(request, tokens)
+            if message.tokens is not None:
+                self.engine.keep_prompt_tokens(request, message.tokens)
             else:
                 self.engine.count_prompt_tokens(request)
         self.engine.start(request, producer, lambda: self._forget(rid))
@@ -339,18 +341,20 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     link = _Link(Connection(int(argv[1])))
     try:
-        _kind, path, options, crash_point = link.conn.recv()
+        load = decode(link.conn.recv())
     except (EOFError, OSError):
         return 1
-    try:
-        engine = BatchEngine(path, **options)
-    except TokenbeltError as exc:
-        link.send(("load_error", str(exc)))
+    if not isinstance(load, Load):
         return 1
-    crash = _Crash(engine, crash_point) if crash_point in ABORT_POINTS else None
+    try:
+        engine = BatchEngine(load.path, **load.options)
+    except TokenbeltError as exc:
+        link.send(LoadError(str(exc)))
+        return 1
+    crash = _Crash(engine, load.crash_point) if load.crash_point in ABORT_POINTS else None
     worker = _Worker(link, engine, crash)
     link.stats = engine.statistics
-    link.send(("ready", _info(engine)))
+    link.send(Ready(_info(engine)))
     try:
         worker.serve()
     finally:

@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from .._errors import UpstreamError, UpstreamUnavailable
-from ._base import GenerationRequest
+from ..._errors import UpstreamError, UpstreamUnavailable
+from .._request import GenerationRequest
 
 #: the longest event line an upstream may send (a longer one is an error)
 MAX_EVENT_BYTES = 256 * 1024

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from .._errors import LoadTimeout, ModelLoadError
+from ..._errors import LoadTimeout, ModelLoadError
 
 logger = logging.getLogger("tokenbelt.engines")
 

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from engines.remote_helpers import front, silent_server, upstream, upstream_trace
+from engines.remote.helpers import front, silent_server, upstream, upstream_trace
 from server.conftest import (
     CHAT,
     NET,

@@ -42,24 +42,25 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import DecodeError, IllegalState, InvalidArgument, ModelLoadError, PromptTooLong
-from ..belt import EndReason, Producer
-from ._base import GenerationRequest, Piece, SamplingParams, TokenLogprob
-from ._grammar import GrammarSampler, check_grammar
-from ._llama import (
-    _flag_abort_callback,
-    _quiet_native_logs,
-    _StopMatcher,
-    chat_formatter,
-    held_back,
-    prompt_tokens,
-    template_tools,
+from ..._errors import (
+    Cancelled,
+    DecodeError,
+    IllegalState,
+    InvalidArgument,
+    ModelLoadError,
+    PromptTooLong,
 )
+from ...belt import EndReason, Producer
+from .._base import run_to_end
+from .._request import GenerationRequest, Piece, SamplingParams, TokenLogprob
+from .._statistics import BatchStatistics
+from ._binding import flag_abort_callback, quiet_native_logs
+from ._grammar import GrammarSampler, check_grammar
 from ._loading import check_gguf_file, load_with_deadline
+from ._native import StopMatcher, chat_formatter, held_back, prompt_tokens, template_tools
 from ._threads import (
     ThreadTuner,
     check_threads,
@@ -117,33 +118,6 @@ class KeptPrompts:
         return kept[1] if kept is not None and kept[0] is request else None
 
 
-@dataclass(frozen=True)
-class BatchStatistics:
-    """Counters of a batch engine since load (a snapshot)."""
-
-    slots: int
-    running: int
-    steps: int
-    #: sum over steps of the sequences in each step
-    sequences_stepped: int
-    #: sum over steps of the tokens in each step
-    tokens_stepped: int
-    aborted_steps: int
-    prefix_hits: int
-    prefix_cached_tokens: int
-    cache_entries: int
-    #: llama.cpp threads of the latest step
-    threads: int
-
-    @property
-    def sequences_per_step(self) -> float:
-        return self.sequences_stepped / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.tokens_stepped / self.steps if self.steps else 0.0
-
-
 class _Seq:
     """One admitted request: its tokens, its place in the KV cache, its sampler."""
 
@@ -181,7 +155,7 @@ class _Seq:
         self.sampler: Any = None
         self.grammar: GrammarSampler | None = None
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.stopper = _StopMatcher(request.sampling.stop)
+        self.stopper = StopMatcher(request.sampling.stop)
         self.cancelled = False
         self.waiting_room = False
         self.prepared = False  # started and tokenized (it may still wait to share a prefix)
@@ -257,7 +231,7 @@ class BatchEngine:
         from llama_cpp import _internals
 
         path = check_gguf_file(model_path)
-        _quiet_native_logs()
+        quiet_native_logs()
         self._lib: Any = llama_cpp
         self.model_path = path
         self.name = name or path.stem
@@ -325,7 +299,7 @@ class BatchEngine:
         self.template_tools = template_tools(self._formatter)
         # The abort hook reads this flag natively; the loop clears it before each step.
         self._flag = ctypes.create_string_buffer(2)
-        self._abort_callback = _flag_abort_callback()
+        self._abort_callback = flag_abort_callback()
         llama_cpp.llama_set_abort_callback(
             self._ctx.ctx, self._abort_callback, ctypes.cast(self._flag, ctypes.c_void_p)
         )
@@ -834,8 +808,6 @@ class BatchEngine:
         return held_back(seq.stopper, seq.decoder)
 
     def _put(self, seq: _Seq, text: str) -> bool:
-        from .._errors import Cancelled
-
         try:
             seq.producer.put_nowait(text)
         except Cancelled:
@@ -904,6 +876,20 @@ class BatchEngine:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def wrap_abort_hook(self, hook: Callable[[bool], bool]) -> None:
+        """Test-only: replace the native abort hook by a Python one. llama.cpp calls
+        ``hook(stopped)`` between graph nodes, ``stopped`` being what the native hook
+        would have read (a stop asked for this step); the step aborts when it returns
+        True. The worker's crash tests abort the process from inside a step with it."""
+        flag = self._flag
+
+        def native(_data: Any) -> bool:
+            return hook(bool(flag[0] == b"\x01"))
+
+        # Kept on the engine: the native side holds a pointer to it.
+        self._abort_callback = self._lib.ggml_abort_callback(native)
+        self._lib.llama_set_abort_callback(self._ctx.ctx, self._abort_callback, None)
+
     @property
     def threads(self) -> int:
         """The thread count of the latest step (the tuner's choice, or the fixed count)."""
@@ -958,56 +944,3 @@ class BatchEngine:
         lib.llama_batch_free(self._batch)
         self._ctx.close()
         self._model.close()
-
-
-def run_to_end(
-    start: Callable[..., None], request: GenerationRequest, producer: Producer[str]
-) -> EndReason:
-    """``generate`` for an engine that only has ``start`` (batch, worker, remote): start
-    the request with a ``_Caller`` and block until the engine let go of it. Returns
-    ``stop``/``length``; raises the engine's error, or ``Cancelled`` after a stop."""
-    from .._errors import Cancelled
-
-    caller = _Caller(producer)
-    start(request, caller)
-    caller.done.wait()
-    if caller.error is not None:
-        raise caller.error
-    if caller.reason is not None:
-        return caller.reason
-    raise Cancelled(producer.end_reason or EndReason.SHUTDOWN)
-
-
-class _Caller(Producer[str]):
-    """The producer ``generate`` hands to the loop: the caller's ``produce`` records the
-    request's end and release, so here they are only remembered and signalled."""
-
-    __slots__ = ("done", "error", "reason")
-
-    def __init__(self, producer: Producer[str]) -> None:
-        super().__init__(producer._belt if isinstance(producer, Producer) else producer)
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.reason: EndReason | None = None
-
-    @property
-    def end_reason(self) -> EndReason | None:
-        if self.reason is not None:
-            return self.reason
-        if self.error is not None:
-            return EndReason.RUNTIME_ERROR
-        return self._belt.end_reason
-
-    def start(self) -> None:
-        pass
-
-    def finish(self, reason: EndReason = EndReason.STOP) -> bool:
-        self.reason = reason
-        return True
-
-    def fail(self, error: BaseException) -> bool:
-        self.error = error
-        return True
-
-    def release(self) -> None:
-        self.done.set()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engines.processes import Process, front_process, running, scripted_upstream
+from engines.remote.processes import Process, front_process, running, scripted_upstream
 from server.conftest import CHAT, NET, RawClient, chat_body, collect
 from serving import free_port
 from tokenbelt import EndReason, Runtime, UpstreamUnavailable

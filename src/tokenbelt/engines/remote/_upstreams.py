@@ -23,7 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .._errors import InvalidArgument, UpstreamUnavailable
+from ..._errors import InvalidArgument, UpstreamUnavailable
+from .._statistics import UpstreamStatistics
 
 logger = logging.getLogger("tokenbelt.engines.remote")
 
@@ -61,27 +62,6 @@ class Upstream:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"max_concurrency must be an integer >= 1, got {limit!r}")
         object.__setattr__(self, "headers", dict(self.headers))
-
-
-@dataclass(frozen=True)
-class UpstreamStatistics:
-    """A snapshot of one upstream's counters."""
-
-    url: str
-    model: str
-    in_flight: int
-    max_concurrency: int
-    requests: int
-    errors: int
-    ejections: int
-    ejected: bool
-    #: why it was last taken out (None while it has never been)
-    last_error: str | None
-    #: time to first token, as the front measured it: sum of seconds and count
-    ttft_sum: float
-    ttft_count: int
-    #: True once the upstream was seen to be a tokenbelt server
-    tokenbelt: bool
 
 
 class UpstreamState:

@@ -1,4 +1,10 @@
-"""The llama.cpp engine: the real decode loop, with a checkpoint at every safe point.
+"""The single-sequence llama.cpp engine: one context, one request at a time.
+
+The runtime does not use it: ``Runtime.load`` builds the batch engine (``_batch.py``,
+THE decode loop) or the worker engine. ``LlamaEngine`` is kept only as a
+single-sequence baseline on llama-cpp-python's own ``Llama`` object: ``benchmarks/sdk.py``
+and ``benchmarks/sse.py`` measure against it (``benchmarks/engine.py`` measures the
+batch engine against a bare ``Llama`` loop of its own).
 
 Where cancellation lands:
 
@@ -15,193 +21,34 @@ so the next request starts exactly as on a fresh load.
 
 from __future__ import annotations
 
-import atexit
 import codecs
 import ctypes
-import functools
-import json
 import logging
 import random
 import threading
 from pathlib import Path
 from typing import Any
 
-from .._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, PromptTooLong
-from ..belt import EndReason, Producer
-from ._base import GenerationRequest, SamplingParams, refuse, refuse_grammar
+from ..._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, PromptTooLong
+from ...belt import EndReason, Producer
+from .._base import OnThreads
+from .._request import GenerationRequest, SamplingParams, refuse, refuse_grammar
+from ._binding import flag_abort_callback, quiet_native_logs
 from ._loading import check_gguf_file, load_with_deadline
+from ._native import StopMatcher, chat_formatter, held_back, prompt_tokens, template_tools
 
 logger = logging.getLogger("tokenbelt.engines.llama")
 
 #: what the batch engine (the runtime's) does and this one does not
 _UNSUPPORTED = ("logit_bias", "logprobs")
 
-_LOG_CALLBACK: Any = None
 
-
-def _quiet_native_logs() -> None:
-    """Route llama.cpp's own log lines to ``logging`` (debug) instead of stderr."""
-    global _LOG_CALLBACK
-    if _LOG_CALLBACK is not None:
-        return
-    import llama_cpp
-
-    native = logging.getLogger("tokenbelt.engines.llama.native")
-
-    def forward(level: int, text: bytes, _data: object) -> None:
-        if native.isEnabledFor(logging.DEBUG):
-            native.debug("%s", text.decode("utf-8", "replace").rstrip())
-
-    _LOG_CALLBACK = llama_cpp.llama_log_callback(forward)
-    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-    # The binding opens two /dev/null files at import and never closes them, which
-    # Python reports as unclosed at exit; close them then.
-    from llama_cpp import _utils
-
-    for name in ("outnull_file", "errnull_file"):
-        handle = getattr(_utils, name, None)
-        if handle is not None:
-            atexit.register(handle.close)
-
-
-def _flag_abort_callback() -> Any:
-    """An abort hook that reads a one-byte flag without Python or the GIL.
-
-    llama.cpp calls the hook between graph nodes with our ``data`` pointer and
-    aborts when it returns true. ``strlen`` on a two-byte buffer returns 1 when the
-    first byte is set and 0 otherwise: a native, lock-free flag check. Where libc
-    is not at hand, a Python callback does the same job, with the GIL.
-    """
-    import llama_cpp
-
-    try:
-        strlen = ctypes.CDLL(None).strlen
-        address = ctypes.cast(strlen, ctypes.c_void_p).value or 0
-        return llama_cpp.ggml_abort_callback(address)
-    except (OSError, AttributeError):  # pragma: no cover - non-glibc platforms
-        return llama_cpp.ggml_abort_callback(
-            lambda data: bool(ctypes.cast(data, ctypes.POINTER(ctypes.c_char))[0] != b"\0")
-        )
-
-
-def chat_formatter(model: Any) -> Any:
-    """A chat formatter from the GGUF's own template (None if it has none).
-
-    ``model`` is llama-cpp-python's ``_internals.LlamaModel``.
-    """
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    template = model.metadata().get("tokenizer.chat_template")
-    if not template:
-        return None
-    eos, bos = model.token_eos(), model.token_bos()
-    return Jinja2ChatFormatter(
-        template=template,
-        eos_token=model.token_get_text(eos) if eos != -1 else "",
-        bos_token=model.token_get_text(bos) if bos != -1 else "",
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def _template_tools(template: str) -> bool:
-    import jinja2
-    from jinja2 import meta
-
-    try:
-        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
-    except jinja2.TemplateError:
-        return False
-
-
-def template_tools(formatter: Any) -> bool:
-    """Whether a chat formatter's template renders tools itself (its Jinja source reads
-    the ``tools`` variable, as Qwen2.5 and Hermes templates do)."""
-    template = getattr(formatter, "template", None)
-    return isinstance(template, str) and _template_tools(template)
-
-
-def load_vocab(path: str | Path) -> Any:
-    """A model file's vocabulary and metadata only (llama-cpp-python's ``LlamaModel``, a
-    few MB, no weights): to tokenize and read its template without loading it. Close it
-    with ``close()``. Raises ``ModelLoadError``."""
-    import llama_cpp
-    from llama_cpp import _internals
-
-    _quiet_native_logs()
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    try:
-        return _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise ModelLoadError(f"llama.cpp could not load {path}: {exc}") from exc
-
-
-def held_back(stopper: _StopMatcher, decoder: codecs.IncrementalDecoder) -> str:
-    """The text a reply held back when it ends: what was kept for stop strings. The
-    bytes of a character left unfinished (a reply cut at ``max_tokens`` inside a
-    multi-byte character) are dropped, not shown as U+FFFD."""
-    decoder.reset()
-    return stopper.flush()
-
-
-def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: str) -> list[int]:
-    """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
-    (the GGUF's template), with the request's tools when the template renders them.
-    ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
-
-    def tokenize(text: str, *, add_bos: bool, special: bool) -> list[int]:
-        return list(model.tokenize(text.encode("utf-8"), add_bos, special))
-
-    if request.prompt is not None:
-        return tokenize(request.prompt, add_bos=True, special=False)
-    if formatter is None:
-        raise DecodeError(f"{name} has no chat template; send a raw prompt instead")
-    tools = json.loads(request.tools) if request.tools and template_tools(formatter) else None
-    try:
-        result = formatter(messages=list(request.messages or ()), tools=tools)
-    except Exception as exc:
-        raise DecodeError(f"the chat template failed: {exc}") from exc
-    return tokenize(result.prompt, add_bos=not result.added_special, special=True)
-
-
-class _StopMatcher:
-    """Holds back text that might be the start of a stop string."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.held = ""
-        #: the stop string that was hit (the earliest in the text), once one is
-        self.matched: str | None = None
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Return (text safe to emit, whether a stop string was hit)."""
-        if not self.stops:
-            return text, False
-        held = self.held + text
-        hits = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
-        if hits:
-            self.held = ""
-            at, self.matched = min(hits)
-            return held[:at], True
-        keep = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(held)), 0, -1):
-                if held.endswith(s[:n]):
-                    keep = max(keep, n)
-                    break
-        self.held = held[len(held) - keep :]
-        return held[: len(held) - keep], False
-
-    def flush(self) -> str:
-        held, self.held = self.held, ""
-        return held
-
-
-class LlamaEngine:
+class LlamaEngine(OnThreads):
     """One llama.cpp context (one slot) over a GGUF model file.
 
     ``generate`` is blocking and runs on the producer thread; only one request
-    runs at a time. Use ``LlamaEngine.load()`` to load under a deadline.
+    runs at a time (``start``, from ``OnThreads``, runs it on a thread of its own).
+    Use ``LlamaEngine.load()`` to load under a deadline.
     """
 
     def __init__(
@@ -216,8 +63,9 @@ class LlamaEngine:
         prefill_chunk: int = 256,
         name: str | None = None,
     ) -> None:
+        super().__init__()
         path = check_gguf_file(model_path)
-        _quiet_native_logs()
+        quiet_native_logs()
         from llama_cpp import Llama
 
         try:
@@ -239,7 +87,7 @@ class LlamaEngine:
         self.name = name or path.stem
         self.context_length: int = self._llm.n_ctx()
         self.prefill_chunk = max(1, prefill_chunk)
-        self._abort_callback = _flag_abort_callback()
+        self._abort_callback = flag_abort_callback()
         self._no_abort = llama_cpp.ggml_abort_callback()  # a NULL hook: never abort
         self._busy = threading.Lock()
         self._conversation: str | None = None
@@ -310,7 +158,7 @@ class LlamaEngine:
         vocab = llm._model.vocab
         is_eog = self._lib.llama_vocab_is_eog
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stopper = _StopMatcher(s.stop)
+        stopper = StopMatcher(s.stop)
         steps = llm.generate(
             tokens,
             top_k=s.top_k,

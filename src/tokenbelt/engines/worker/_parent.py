@@ -2,7 +2,7 @@
 
 ``WorkerEngine`` looks to the runtime like a ``BatchEngine`` (``slots``, a non-blocking
 ``start``); the model and the batch engine live in a child process
-(``_worker_main``), spawned with a fresh interpreter, never forked. The parent keeps
+(``_child.py``), spawned with a fresh interpreter, never forked. The parent keeps
 admission, deadlines, traces, metrics and the belts; across the pipe go:
 
 - **backpressure as credits**: the worker may send as many items as the parent
@@ -21,51 +21,60 @@ admission, deadlines, traces, metrics and the belts; across the pipe go:
   ``max_load_crashes`` times in a row mark the engine failed: requests then end at once
   with the reason.
 
-Prompts are tokenized in the parent, with the model's vocabulary only (a few MB), so
-admission checks (``PromptTooLong``) never wait on the worker.
+Prompts are tokenized in the parent, with the model's vocabulary only (``_vocab.py``).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import enum
+import dataclasses
 import functools
 import itertools
 import logging
 import os
-import pickle
-import signal
-import socket
-import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .._errors import (
+from ..._errors import (
     Cancelled,
     DecodeError,
     IllegalState,
     InvalidArgument,
-    LoadTimeout,
     ModelLoadError,
     WorkerCrashed,
 )
-from ..belt import EndReason, Producer, check_duration
-from ._base import GenerationRequest
-from ._batch import BatchStatistics, KeptPrompts, check_fits, check_request, run_to_end
-from ._llama import chat_formatter, load_vocab, prompt_tokens, template_tools
-from ._loading import check_gguf_file
+from ...belt import EndReason, Producer, check_duration
+from .._base import run_to_end
+from .._request import GenerationRequest
+from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
+from ..llama import check_fits, check_gguf_file
+from ._jobs import Job
+from ._messages import (
+    Admit,
+    Cached,
+    Cancel,
+    Close,
+    Credit,
+    Fail,
+    Finish,
+    Item,
+    Load,
+    LoadError,
+    Prompt,
+    Ready,
+    Release,
+    Start,
+    ToParent,
+)
+from ._process import EXIT_WAIT_S, Process, describe_exit, spawn
+from ._vocab import PromptTokens
 
 logger = logging.getLogger("tokenbelt.engines.worker")
 
-#: a test-only crash point for the first worker (see ``_worker_main._Crash``)
+#: a test-only crash point for the first worker (see ``_child._Crash``)
 ABORT_ENV = "TOKENBELT_TEST_WORKER_ABORT"
 #: default seconds a stop may take before the worker is killed
 DEFAULT_STOP_GRACE = 3.0
@@ -73,188 +82,6 @@ DEFAULT_STOP_GRACE = 3.0
 _BACKOFF = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: a crash this long after the previous one starts the backoff again
 _CALM_S = 30.0
-#: seconds ``close()`` waits for the worker to exit before killing it
-_EXIT_WAIT_S = 10.0
-#: the folder that holds the ``tokenbelt`` package
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-class WorkerState(enum.Enum):
-    """Where an engine's worker process is in its life."""
-
-    #: a worker process is starting and loading the model
-    STARTING = "starting"
-    #: a worker is serving requests
-    READY = "ready"
-    #: the worker died; a new one starts after the backoff
-    RESTARTING = "restarting"
-    #: workers kept dying before they were ready: requests end at once with the reason
-    FAILED = "failed"
-    #: closed: the worker ended and its memory went back to the system
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class WorkerStatistics:
-    """A snapshot of an engine's worker process."""
-
-    state: str
-    #: the running worker's process id (None while none runs)
-    pid: int | None
-    #: workers started after the first
-    restarts: int
-    #: why the latest worker that died died, e.g. "engine worker killed by signal 9 (SIGKILL)"
-    last_crash: str | None
-    #: resident memory of the running worker in bytes (None while none runs)
-    rss_bytes: int | None
-    #: why the engine failed (workers kept dying while loading), or None
-    failure: str | None = None
-
-
-def describe_exit(code: int) -> str:
-    """Name a worker's end: a signal (negative return code) or an exit code."""
-    if code < 0:
-        try:
-            name = f" ({signal.Signals(-code).name})"
-        except ValueError:  # pragma: no cover - a signal Python has no name for
-            name = ""
-        return f"engine worker killed by signal {-code}{name}"
-    return f"engine worker exited with code {code}"
-
-
-class _Job:
-    __slots__ = (
-        "capacity",
-        "granted",
-        "on_exit",
-        "producer",
-        "received",
-        "request",
-        "rid",
-        "stop_by",
-        "worker",
-    )
-
-    def __init__(
-        self,
-        rid: int,
-        request: GenerationRequest,
-        producer: Producer[Any],
-        on_exit: Callable[[], None],
-    ) -> None:
-        self.rid = rid
-        self.request = request
-        self.producer = producer
-        self.on_exit = on_exit
-        self.capacity = producer.capacity
-        self.granted = self.capacity  # items the worker may send in all
-        self.received = 0
-        #: when a stop not yet honoured kills the worker (monotonic), once stopped
-        self.stop_by: float | None = None
-        #: the worker process it was sent to (None while it waits for one)
-        self.worker: _Process | None = None
-
-
-def _frame(message: tuple[Any, ...]) -> bytes:
-    """``message`` as ``multiprocessing.connection.Connection.recv`` reads it."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(data) > 0x7FFFFFFF:
-        return struct.pack("!iQ", -1, len(data)) + data
-    return struct.pack("!i", len(data)) + data
-
-
-class _Process:
-    """One worker process, its pipe and what waits to be sent on it.
-
-    ``post`` writes a message to the pipe on the caller's thread when nothing waits
-    before it and the pipe takes it whole without blocking (the common case: a start,
-    a credit, a stop are small); what the pipe does not take waits in the outbox for
-    the sender thread, so a caller never blocks and the order holds.
-    """
-
-    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket, number: int) -> None:
-        self.popen = popen
-        self.sock = sock
-        # The reader's end: a copy of the descriptor, read with Connection's framing.
-        self.conn = Connection(os.dup(sock.fileno()))
-        self.number = number
-        self.pid = popen.pid
-        self.cond = threading.Condition()
-        #: frames (bytes) to write, and ("grant", job) for the sender to work out
-        self.outbox: collections.deque[Any] = collections.deque()
-        #: the sender thread is writing a frame it took from the outbox
-        self.writing = False
-        self.done = False
-        self.ready = threading.Event()
-        self.became_ready = False
-        self.load_error: str | None = None
-        self.info: dict[str, Any] = {}
-        #: why the parent killed it, when it did
-        self.cause: str | None = None
-        self.load_by: float | None = None
-        #: killed for taking longer than the load timeout
-        self.load_expired = False
-
-    def post(self, message: tuple[Any, ...]) -> None:
-        """Send a message, or queue it for the sender thread; never blocks (safe under a
-        belt's lock)."""
-        with self.cond:
-            if self.done:
-                return
-            if message[0] == "grant" or self.outbox or self.writing:
-                self.outbox.append(message if message[0] == "grant" else _frame(message))
-                self.cond.notify()
-                return
-            data = _frame(message)
-            try:
-                sent = self.sock.send(data, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                return  # the worker is gone: the reader thread ends its requests
-            if sent < len(data):
-                self.outbox.append(data[sent:])
-                self.cond.notify()
-
-    def send_queued(self, grant: Callable[[tuple[Any, ...]], None]) -> None:
-        """The sender thread: write what ``post`` queued, in order, until ``done``;
-        hand each ``("grant", job)`` to ``grant``. May block on the pipe."""
-        while True:
-            with self.cond:
-                while not self.outbox and not self.done:
-                    self.cond.wait()
-                if not self.outbox:
-                    return
-                item = self.outbox.popleft()
-                self.writing = isinstance(item, bytes)
-            if not isinstance(item, bytes):  # a read made room: work out the credit
-                grant(item)
-                continue
-            try:
-                self.sock.sendall(item)
-            except OSError:
-                return  # the worker is gone: the reader thread ends its requests
-            finally:
-                with self.cond:
-                    self.writing = False
-
-    def close_pipe(self) -> None:
-        self.conn.close()
-        self.sock.close()
-
-    def kill(self, cause: str) -> None:
-        if self.cause is None:
-            self.cause = cause
-        with contextlib.suppress(ProcessLookupError):  # it died meanwhile
-            self.popen.send_signal(signal.SIGKILL)
-
-    def rss(self) -> int | None:
-        import psutil
-
-        try:
-            return int(psutil.Process(self.pid).memory_info().rss)
-        except (psutil.Error, OSError):
-            return None
 
 
 class WorkerEngine:
@@ -295,9 +122,9 @@ class WorkerEngine:
         self._options["name"] = self.name
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._jobs: dict[int, _Job] = {}
-        self._pending: list[_Job] = []  # started while no worker was ready
-        self._doomed: list[tuple[_Job, BaseException]] = []  # to end off the caller's thread
+        self._jobs: dict[int, Job] = {}
+        self._pending: list[Job] = []  # started while no worker was ready
+        self._doomed: list[tuple[Job, BaseException]] = []  # to end off the caller's thread
         self._ids = itertools.count(1)
         self._state = WorkerState.STARTING
         self._closed = False
@@ -310,16 +137,15 @@ class WorkerEngine:
         self._restart_at: float | None = None
         self._stats: BatchStatistics | None = None
         self._numbers = itertools.count(1)
-        self._current: _Process
-        self._vocab, self._formatter = self._load_vocab()
-        self._tokenized = KeptPrompts()  # sent with each request: the worker uses them
+        self._current: Process
+        self._prompts = PromptTokens(self.model_path, self.name)
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
-        self.template_tools = template_tools(self._formatter)
+        self.template_tools = self._prompts.template_tools
         crash_point = os.environ.get(ABORT_ENV) or None
         try:
             first = self._spawn(crash_point)
         except BaseException:
-            self._vocab.close()
+            self._prompts.close()
             raise
         # Three threads serve every worker this engine starts, one after another: the
         # reader, the sender (the one place that writes to the pipe; it may block) and
@@ -337,7 +163,7 @@ class WorkerEngine:
         for thread in self._threads:
             thread.start()
         try:
-            self._await_first(first)
+            first.wait_ready(self.load_timeout, self.model_path.name)
         except BaseException:
             self.close()
             raise
@@ -351,51 +177,26 @@ class WorkerEngine:
 
     # -- the parent's own view of the model --------------------------------------------------
 
-    def _load_vocab(self) -> tuple[Any, Any]:
-        model = load_vocab(self.model_path)
-        return model, chat_formatter(model)
-
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request, as the worker's engine makes them."""
-        return prompt_tokens(self._vocab, self._formatter, request, self.name)
+        return self._prompts.tokenize(request)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Check and tokenize in this process (vocabulary only), so a bad request never
         reaches the worker; raises ``InvalidArgument`` or ``PromptTooLong``."""
-        import llama_cpp
-
-        vocab = self._vocab.vocab
-        n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
-        check_request(llama_cpp, vocab, n_vocab, request, self.name)
+        self._prompts.check(request)
         tokens = self.tokenize_request(request)
         check_fits(len(tokens), self.context_length)
-        self._tokenized.keep(request, tokens)
+        self._prompts.keep(request, tokens)
         return len(tokens)
 
     # -- worker processes --------------------------------------------------------------------
 
-    def _spawn(self, crash_point: str | None = None) -> _Process:
+    def _spawn(self, crash_point: str | None = None) -> Process:
         """Start a worker process and send it the model to load; does not wait."""
-        ours, theirs = socket.socketpair()
-        # The worker imports the tokenbelt this process runs, wherever it came from.
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "tokenbelt.engines._worker_main", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        except OSError as exc:
-            ours.close()
-            raise ModelLoadError(f"could not start an engine worker: {exc}") from exc
-        finally:
-            theirs.close()
-        w = _Process(popen, ours, next(self._numbers))
+        w = spawn(next(self._numbers), Load(str(self.model_path), self._options, crash_point))
         if self.load_timeout is not None:
             w.load_by = time.monotonic() + self.load_timeout
-        w.post(("load", str(self.model_path), self._options, crash_point))
         with self._cond:
             closed = self._closed
             if not closed:
@@ -410,120 +211,79 @@ class WorkerEngine:
         logger.info("engine worker %s started for %s", w.pid, self.name)
         return w
 
-    def _await_first(self, w: _Process) -> None:
-        """Wait for the first worker to be ready; raise why it is not."""
-        if not w.ready.wait(self.load_timeout):
-            w.kill("the load timed out")
-            raise LoadTimeout(
-                f"loading {self.model_path.name} took longer than {self.load_timeout} s"
-            )
-        if w.load_error is not None:
-            raise ModelLoadError(w.load_error)
-        if w.load_expired:
-            # The supervisor killed it for the same deadline a moment before this wait ended.
-            raise LoadTimeout(
-                f"loading {self.model_path.name} took longer than {self.load_timeout} s"
-            )
-        if not w.became_ready:
-            raise ModelLoadError(
-                f"{w.cause or 'the engine worker died'} while loading {self.model_path.name}"
-            )
-
-    def _next(self, w: _Process) -> _Process | None:
+    def _next(self, w: Process) -> Process | None:
         """Wait for the worker after ``w``; None once the engine closed."""
         with self._cond:
             self._cond.wait_for(lambda: self._closed or self._current is not w)
             return None if self._current is w else self._current
 
     def _sender(self) -> None:
-        w: _Process | None = self._current
+        w: Process | None = self._current
         while w is not None:
             self._send(w)
             w = self._next(w)
 
     def _reader(self) -> None:
-        w: _Process | None = self._current
+        w: Process | None = self._current
         while w is not None:
             self._read(w)
             w = self._next(w)
 
-    def _send(self, w: _Process) -> None:
+    def _send(self, w: Process) -> None:
         """Write ``w``'s outbox to its pipe until it is gone."""
-        w.send_queued(lambda message: self._grant(message[1]))
+        w.send_queued()
 
-    def _read(self, w: _Process) -> None:
+    def _read(self, w: Process) -> None:
         """Apply ``w``'s messages; when it ends, end the requests it held."""
-        try:
-            while True:
-                try:
-                    message = w.conn.recv()
-                except (EOFError, OSError):
-                    break
-                except Exception as exc:  # an item that does not unpickle here
-                    logger.error("engine worker %s sent what cannot be read: %s", w.pid, exc)
-                    w.kill(f"engine worker sent a message that could not be read: {exc}")
-                    break
-                try:
-                    self._handle(w, message)
-                except Exception as exc:  # a message that makes no sense here
-                    logger.exception("engine worker %s: cannot apply %r", w.pid, message[:2])
-                    w.kill(f"engine worker killed: it sent a message that failed here: {exc}")
-                    break
-        finally:
-            try:
-                code = w.popen.wait(_EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:  # it closed its pipe but does not exit
-                w.kill("engine worker killed: it closed its pipe but did not exit")
-                code = w.popen.wait()
-            w.close_pipe()
-            self._gone(w, code)
+        self._gone(w, w.read(functools.partial(self._handle, w)))
 
-    def _handle(self, w: _Process, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "ready":
-            self._ready(w, message[1])
-            return
-        if kind == "load_error":
-            w.load_error = message[1]
-            return
-        job = self._jobs.get(message[1])
+    def _handle(self, w: Process, message: ToParent) -> None:
+        match message:
+            case Ready(info):
+                self._ready(w, info)
+                return
+            case LoadError(error):
+                w.load_error = error
+                return
+        job = self._jobs.get(message.rid)
         if job is None or job.worker is not w:
             return
         p = job.producer
-        if kind == "item":
-            for _ in range(message[3]):
-                p.count_token()
-            try:
-                p.put_nowait(message[2])
-            except Cancelled:
-                return
-            job.received += 1
-            self._grant(job)
-        elif kind == "admit":
-            p.start()
-        elif kind == "prompt":
-            p.count_prompt(message[2])
-        elif kind == "cached":
-            p.count_cached(message[2])
-        elif kind == "finish":
-            for _ in range(message[3]):
-                p.count_token()
-            if message[4] is not None:
-                p.trace.stop_sequence = message[4]
-            p.finish(EndReason(message[2]))
-        elif kind == "fail":
-            for _ in range(message[3]):
-                p.count_token()
-            p.fail(DecodeError(message[2]))
-        elif kind == "cancel":
-            p.cancel(EndReason(message[2]))
-        elif kind == "release":
-            p.trace.batched_with.update(message[2])
-            if message[3] is not None:
-                self._stats = message[3]
-            self._release(job)
+        match message:
+            case Item(_, item, tokens):
+                for _ in range(tokens):
+                    p.count_token()
+                try:
+                    p.put_nowait(item)
+                except Cancelled:
+                    return
+                job.received += 1
+                self._grant(job)
+            case Admit():
+                p.start()
+            case Prompt(_, n):
+                p.count_prompt(n)
+            case Cached(_, n):
+                p.count_cached(n)
+            case Finish(_, reason, tokens, stop_sequence):
+                for _ in range(tokens):
+                    p.count_token()
+                if stop_sequence is not None:
+                    p.trace.stop_sequence = stop_sequence
+                p.finish(reason)
+            case Fail(_, error, tokens):
+                for _ in range(tokens):
+                    p.count_token()
+                p.fail(DecodeError(error))
+            case Cancel(_, reason):
+                p.cancel(reason)
+            case Release(_, batched_with, statistics):
+                p.trace.batched_with.update(batched_with)
+                if statistics is not None:
+                    self._stats = statistics
+                self._release(job)
 
-    def _ready(self, w: _Process, info: dict[str, Any]) -> None:
+    def _ready(self, w: Process, info: dict[str, Any]) -> None:
         with self._lock:
             w.info = info
             w.became_ready = True
@@ -538,15 +298,15 @@ class WorkerEngine:
         w.ready.set()
         logger.info("engine worker %s is ready for %s", w.pid, self.name)
 
-    def _send_start(self, job: _Job, w: _Process) -> None:
+    def _send_start(self, job: Job, w: Process) -> None:
         """Hand a job to a worker (under ``_lock``)."""
         job.worker = w
         trace = job.producer.trace
         trace.worker = {"pid": w.pid}
-        tokens = self._tokenized.take(job.request)
-        w.post(("start", job.rid, trace.request_id, job.request, job.capacity, tokens))
+        tokens = self._prompts.take(job.request)
+        w.post(Start(job.rid, trace.request_id, job.request, job.capacity, tokens))
 
-    def _gone(self, w: _Process, code: int) -> None:
+    def _gone(self, w: Process, code: int) -> None:
         """A worker process ended: end and release what it held; start another."""
         cause = w.cause or describe_exit(code)
         with self._cond:
@@ -567,7 +327,7 @@ class WorkerEngine:
         for job in held:
             self._end(job, error)
 
-    def _crashed_locked(self, w: _Process, cause: str) -> None:
+    def _crashed_locked(self, w: Process, cause: str) -> None:
         now = time.monotonic()
         self._last_crash = cause
         self._crashes = self._crashes + 1 if now - self._last_crash_at < _CALM_S else 1
@@ -592,42 +352,37 @@ class WorkerEngine:
         delay = _BACKOFF[min(self._crashes, len(_BACKOFF)) - 1]
         self._restart_at = now + delay
 
-    def _end(self, job: _Job, error: BaseException) -> None:
+    def _end(self, job: Job, error: BaseException) -> None:
         """End a job its worker can no longer serve, then release it."""
         job.producer.fail(error)  # a no-op after a stop: that reason stays
         self._release(job)
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, job: Job) -> None:
         with self._lock:
             if self._jobs.pop(job.rid, None) is None:
                 return
-        if job.producer.end_reason is None:  # pragma: no cover - every path ends it first
-            job.producer.cancel(EndReason.SHUTDOWN)
-        try:
-            job.on_exit()
-        finally:
-            job.producer.release()
+        job.let_go()
 
     # -- credits -----------------------------------------------------------------------------
 
-    def _grant(self, job: _Job) -> None:
+    def _grant(self, job: Job) -> None:
         """Give the worker the room the reader made; when it has none, wait for a read."""
         while True:
             with self._lock:
                 w = job.worker
                 if self._jobs.get(job.rid) is not job or w is None:
                     return
-                consumed = job.producer.statistics().consumed
-                delta = consumed + job.capacity - job.granted
-                out = job.received >= job.granted
+                delta, out = job.credit_due()
                 if delta > 0 and (out or 2 * delta >= job.capacity):
                     job.granted += delta
-                    w.post(("credit", job.rid, delta))
+                    w.post(Credit(job.rid, delta))
                     return
                 if not out:
                     return
             # Out of credits and the belt is full: the read that makes room grants more.
-            if job.producer.on_room(functools.partial(w.post, ("grant", job))):
+            if job.producer.on_room(
+                functools.partial(w.defer, functools.partial(self._grant, job))
+            ):
                 return
             if job.producer.end_reason is not None:
                 return
@@ -641,7 +396,7 @@ class WorkerEngine:
         on_exit: Callable[[], None] | None = None,
     ) -> None:
         """Hand a request to the worker; never blocks. Raises ``IllegalState`` when closed."""
-        job = _Job(next(self._ids), request, producer, on_exit or (lambda: None))
+        job = Job(next(self._ids), request, producer, on_exit or (lambda: None))
         with self._cond:
             if self._closed:
                 raise IllegalState("the engine is closed")
@@ -657,7 +412,7 @@ class WorkerEngine:
                 self._pending.append(job)
         producer.on_cancel(lambda reason: self._on_cancel(job, reason))
 
-    def _on_cancel(self, job: _Job, reason: EndReason) -> None:
+    def _on_cancel(self, job: Job, reason: EndReason) -> None:
         """On the cancelling thread: post the stop and arm the grace period; never blocks."""
         with self._cond:
             if self._jobs.get(job.rid) is not job:
@@ -667,14 +422,11 @@ class WorkerEngine:
                 self._pending.remove(job)
                 del self._jobs[job.rid]
             else:
-                w.post(("cancel", job.rid, reason.value))
+                w.post(Cancel(job.rid, reason))
                 job.stop_by = time.monotonic() + self.stop_grace
                 self._cond.notify_all()
         if w is None:
-            try:
-                job.on_exit()
-            finally:
-                job.producer.release()
+            job.let_go()
 
     def generate(self, request: GenerationRequest, producer: Producer[str]) -> EndReason:
         """Blocking: run one request, as a thread engine does (see ``BatchEngine.generate``)."""
@@ -712,7 +464,7 @@ class WorkerEngine:
                     continue
             for job, error in doomed:
                 job.producer.start()
-                self._end_doomed(job, error)
+                job.end(error)
             for job in late:
                 self._kill_for(job)
             if slow_load:
@@ -720,28 +472,13 @@ class WorkerEngine:
             if restart:
                 self._restart()
 
-    def _end_doomed(self, job: _Job, error: BaseException) -> None:
-        job.producer.fail(error)
-        try:
-            job.on_exit()
-        finally:
-            job.producer.release()
-
-    def _kill_for(self, job: _Job) -> None:
+    def _kill_for(self, job: Job) -> None:
         w = job.worker
         if w is None or w.done:
             return
         cause = f"engine worker killed: a stop was not honoured within {self.stop_grace} s"
-        trace = job.producer.trace
-        stopped = trace.cancel_requested
-        trace.worker = {
-            "pid": w.pid,
-            "killed": cause,
-            "killed_after_stop_ms": (
-                None if stopped is None else round((trace.clock() - stopped) * 1000, 3)
-            ),
-        }
-        logger.warning("request %s: %s", trace.request_id, cause)
+        job.record_kill(w, cause)
+        logger.warning("request %s: %s", job.producer.trace.request_id, cause)
         w.kill(cause)
 
     def _restart(self) -> None:
@@ -805,18 +542,20 @@ class WorkerEngine:
         return int(self._current.info.get("n_batch", 0))
 
     def statistics(self) -> BatchStatistics:
-        """The worker's batch counters as of its latest release (since it started)."""
-        if self._stats is not None:
-            return self._stats
-        return BatchStatistics(self.slots, 0, 0, 0, 0, 0, 0, 0, 0, self.threads)
+        """The worker's batch counters as of its latest release (since it started), with
+        the worker process's own (``worker``)."""
+        stats = self._stats
+        if stats is None:
+            stats = BatchStatistics(self.slots, 0, 0, 0, 0, 0, 0, 0, 0, self.threads)
+        return dataclasses.replace(stats, worker=self.worker_statistics())
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _stop_process(self, w: _Process) -> None:
+    def _stop_process(self, w: Process) -> None:
         """Ask a worker to exit and wait; kill it if it does not."""
-        w.post(("close",))
+        w.post(Close())
         try:
-            w.popen.wait(_EXIT_WAIT_S)
+            w.popen.wait(EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             logger.warning("engine worker %s did not exit; killing it", w.pid)
             w.kill("engine worker killed: it did not exit when closed")
@@ -840,13 +579,13 @@ class WorkerEngine:
             self._cond.notify_all()
         for job in pending:
             job.producer.cancel(EndReason.SHUTDOWN)
-            self._end_doomed(job, DecodeError("the engine closed"))
+            job.end(DecodeError("the engine closed"))
         for job, error in doomed:
-            self._end_doomed(job, error)
+            job.end(error)
         for job in list(self._jobs.values()):
             job.producer.cancel(EndReason.SHUTDOWN)
         self._stop_process(w)
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join()
-        self._vocab.close()
+        self._prompts.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .._errors import InvalidArgument
+from ..._errors import InvalidArgument
 
 
 def usable_cores() -> int:

@@ -14,9 +14,11 @@ import pytest
 
 from tokenbelt import EndReason, InvalidArgument, Runtime, ScriptedEngine
 from tokenbelt.belt import Belt, Trace
-from tokenbelt.engines import BatchEngine, GenerationRequest, SamplingParams
-from tokenbelt.engines._grammar import (
+from tokenbelt.engines import (
+    BatchEngine,
+    GenerationRequest,
     Grammar,
+    SamplingParams,
     check_enforceable,
     clear_schema_cache,
     functions_grammar,

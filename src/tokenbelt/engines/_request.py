@@ -1,0 +1,331 @@
+"""What a request asks for: the vocabulary every engine and surface shares.
+
+Chat ``Message``s or a raw prompt, ``SamplingParams`` (validated on construction, with
+``sampling_from`` to build them from OpenAI-named keywords), an optional ``Grammar``,
+and the ``Piece``/``TokenLogprob`` items an engine puts on the belt when log-probabilities
+were asked for. ``refuse``/``refuse_grammar`` let an engine turn down what it cannot
+honour: a parameter is never silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
+
+from .._defaults import DEFAULT_MAX_TOKENS
+from .._errors import InvalidArgument
+
+
+class Message(TypedDict):
+    """One chat message, as in the OpenAI API (``name``: the speaker, when given)."""
+
+    role: str
+    content: str
+    name: NotRequired[str]
+    #: an assistant turn's calls, for a chat template that renders tools: OpenAI-shaped
+    #: ``{"id", "type", "function": {"name", "arguments"}}`` with the arguments an object
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    #: a ``tool`` turn's call, for a chat template that renders tools
+    tool_call_id: NotRequired[str]
+
+
+#: the roles a chat message may have (the HTTP surface maps ``developer`` to ``system``)
+ROLES = ("system", "user", "assistant", "tool")
+#: most alternatives ``top_logprobs`` may ask for, as in the OpenAI API
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token with its log-probability, and the likeliest alternatives.
+
+    ``logprob`` is the model's own (a log-softmax of the raw logits, before penalties,
+    bias and temperature): what the model thought, whatever the sampler then chose.
+    ``top`` holds the ``top_logprobs`` likeliest tokens at that step, likeliest first.
+    """
+
+    token: str
+    logprob: float
+    #: the token's UTF-8 bytes (a token may hold part of a character)
+    bytes: bytes
+    top: tuple[TokenLogprob, ...] = ()
+
+
+class Piece(str):
+    """A text piece that carries the log-probabilities of the tokens it came from.
+
+    An engine puts these on the belt instead of plain strings only when a request asked
+    for ``logprobs``: it is still a ``str`` everywhere text is read, and the plain path
+    pays nothing. ``text`` may be empty (a token held back for a stop string or an
+    unfinished character) while ``logprobs`` is not. Picklable.
+    """
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Piece:
+        piece = super().__new__(cls, text)
+        piece.logprobs = logprobs
+        return piece
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Piece, (str(self), self.logprobs))
+
+
+def _number(name: str, value: object, param: str | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise InvalidArgument(f"{name} must be a number, got {value!r}", param=param or name)
+    return float(value)
+
+
+#: The one set of sampling ranges: the SDK, the CLI and the HTTP API all accept exactly
+#: these (name -> (lowest, highest, whether the lowest itself is allowed)).
+SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
+    "max_tokens": (1, 1_000_000, True),
+    "temperature": (0.0, 2.0, True),
+    "top_p": (0.0, 1.0, False),
+    "top_k": (0, 100_000, True),
+    "min_p": (0.0, 1.0, True),
+    "repeat_penalty": (0.0, 10.0, False),
+    "seed": (0, 2**32 - 1, True),
+}
+#: the most stop sequences one request may give
+MAX_STOP = 16
+
+
+def check_text(what: str, text: str) -> None:
+    """Refuse text that cannot be UTF-8 (a lone UTF-16 surrogate such as JSON ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise InvalidArgument(
+            f"{what} is not valid Unicode: a lone surrogate {bad!a} at position {exc.start}"
+        ) from None
+
+
+def _in_range(name: str, value: float) -> None:
+    low, high, low_included = SAMPLING_RANGES[name]
+    if not ((low <= value if low_included else low < value) and value <= high):
+        opening = "[" if low_included else "("
+        raise InvalidArgument(
+            f"{name} must be in {opening}{_plain(low)}, {_plain(high)}], got {value!r}"
+        )
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings, named as in the OpenAI API where one exists.
+
+    Validated on construction: a bad value raises ``InvalidArgument`` before any
+    compute is spent.
+    """
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    #: OpenAI's: minus ``frequency_penalty`` times how often a token was generated so far
+    frequency_penalty: float = 0.0
+    #: OpenAI's: minus ``presence_penalty`` for every token generated at least once
+    presence_penalty: float = 0.0
+    #: (token id, bias) pairs added to the logits; -100 bans a token, +100 forces it
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: return each generated token's log-probability (``Piece`` items on the belt)
+    logprobs: bool = False
+    #: with ``logprobs``, also the this many likeliest tokens of each step (0 to 20)
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+            _in_range(name, value)
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            _in_range(name, _number(name, getattr(self, name)))
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
+            _in_range("seed", self.seed)
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise InvalidArgument("stop must be a string or a list of non-empty strings")
+        if len(stop) > MAX_STOP:
+            raise InvalidArgument(f"stop holds at most {MAX_STOP} strings, got {len(stop)}")
+        for text in stop:
+            check_text("stop", text)
+        object.__setattr__(self, "stop", tuple(stop))
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= _number(name, getattr(self, name)) <= 2.0:
+                raise InvalidArgument(
+                    f"{name} must be in [-2, 2], got {getattr(self, name)}", param=name
+                )
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if not isinstance(self.logprobs, bool):
+            raise InvalidArgument(
+                f"logprobs must be true or false, got {self.logprobs!r}", param="logprobs"
+            )
+        top = self.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(
+                f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
+                param="top_logprobs",
+            )
+        if top and not self.logprobs:
+            raise InvalidArgument("top_logprobs needs logprobs to be true", param="top_logprobs")
+
+
+def refuse(s: SamplingParams, engine: str, *names: str) -> None:
+    """Raise ``InvalidArgument`` (naming the parameter) if ``s`` uses one of ``names``,
+    which ``engine`` cannot honour: a parameter is never silently ignored."""
+    for name in names:
+        if getattr(s, name) != SamplingParams.__dataclass_fields__[name].default:
+            raise InvalidArgument(f"{name} is not supported by the {engine} engine", param=name)
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """``{token id: bias}`` (token ids may be strings, as JSON keys are) or pairs, checked;
+    kept as sorted pairs so the parameters stay hashable and picklable."""
+    items = value.items() if isinstance(value, dict) else value
+    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
+        raise InvalidArgument(
+            f"logit_bias must map token ids to biases, got {value!r}", param="logit_bias"
+        )
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidArgument(
+                f"logit_bias must map token ids to biases, got {value!r}", param="logit_bias"
+            )
+        token, bias = item
+        try:
+            token_id = int(token) if isinstance(token, str | int) else -1
+        except ValueError:
+            token_id = -1
+        if isinstance(token, bool) or token_id < 0:
+            raise InvalidArgument(
+                f"logit_bias keys must be token ids (integers >= 0), got {token!r}",
+                param="logit_bias",
+            )
+        if not -100.0 <= _number("a logit_bias value", bias, "logit_bias") <= 100.0:
+            raise InvalidArgument(
+                f"logit_bias values must be in [-100, 100], got {bias!r}", param="logit_bias"
+            )
+        pairs[token_id] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A GBNF grammar for one request; plain strings, so it pickles.
+
+    With ``triggers`` the grammar is lazy: text is free until the output matches one of
+    the patterns (a full match of everything so far, ECMAScript regex); from the first
+    capture group of that match on, the grammar applies.
+    """
+
+    gbnf: str
+    root: str = "root"
+    triggers: tuple[str, ...] = ()
+    #: seconds the compilation took (0.0 when it came from the cache)
+    compile_s: float = field(default=0.0, compare=False)
+    #: whether the compiled text came from the cache
+    cached: bool = field(default=False, compare=False)
+
+
+#: the keyword arguments ``sampling_from`` accepts: the fields of ``SamplingParams``
+SAMPLING_KEYS = frozenset(SamplingParams.__dataclass_fields__)
+
+
+def sampling_from(params: dict[str, Any], defaults: SamplingParams | None = None) -> SamplingParams:
+    """Build validated ``SamplingParams`` from OpenAI-named keyword arguments."""
+    unknown = set(params) - SAMPLING_KEYS
+    if unknown:
+        raise InvalidArgument(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
+    base = defaults or SamplingParams()
+    merged = {k: getattr(base, k) for k in SAMPLING_KEYS}
+    merged.update({k: v for k, v in params.items() if v is not None})
+    if isinstance(merged["stop"], str):
+        merged["stop"] = (merged["stop"],)
+    elif merged["stop"] is not None:
+        merged["stop"] = tuple(merged["stop"])
+    return SamplingParams(**merged)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate: chat ``messages`` or a raw ``prompt`` (exactly one of them).
+
+    ``conversation_id`` lets an engine keep the KV cache of a conversation's prefix
+    between its turns; requests of other conversations never see that state.
+    ``grammar`` constrains sampling (structured output, tool calls); an engine that
+    cannot apply it refuses the request with ``InvalidArgument`` before any compute.
+    ``tools`` (JSON text of a list of OpenAI-shaped tools; text so that a request stays
+    cheap to pickle) goes to a chat template that renders tools (``template_tools`` on
+    the engine); other engines ignore it, the tools being described in the messages.
+    """
+
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    conversation_id: str | None = None
+    grammar: Grammar | None = None
+    tools: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise InvalidArgument("give either messages or a prompt")
+        if self.tools is not None and self.messages is None:
+            raise InvalidArgument("tools go with chat messages, not a raw prompt")
+        if isinstance(self.messages, str):
+            raise InvalidArgument(
+                "messages is a list of {'role': ..., 'content': ...} dicts, not a string; "
+                "pass [{'role': 'user', 'content': text}] (or prompt=text for a raw prompt)"
+            )
+        if self.messages is not None:
+            for m in self.messages:
+                if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+                    raise InvalidArgument(f"each message needs a string content, got {m!r}")
+                if m.get("role") not in ROLES:
+                    raise InvalidArgument(f"unknown message role {m.get('role')!r}")
+                check_text("message content", m["content"])
+        if self.prompt is not None:
+            if not isinstance(self.prompt, str):
+                raise InvalidArgument(f"prompt must be a string, got {self.prompt!r}")
+            if not self.prompt:
+                # No token to start from: llama.cpp cannot decode an empty batch.
+                raise InvalidArgument("prompt is empty: give at least one character of text")
+            check_text("prompt", self.prompt)
+
+    @classmethod
+    def chat(
+        cls,
+        messages: Sequence[Message],
+        sampling: SamplingParams | None = None,
+        conversation_id: str | None = None,
+        grammar: Grammar | None = None,
+    ) -> GenerationRequest:
+        return cls(
+            messages=tuple(messages),
+            sampling=sampling or SamplingParams(),
+            conversation_id=conversation_id,
+            grammar=grammar,
+        )
+
+
+def refuse_grammar(request: GenerationRequest, engine: str) -> None:
+    """For an engine that cannot constrain sampling: a grammar is an error, never ignored."""
+    if request.grammar is not None:
+        raise InvalidArgument(f"{engine} cannot constrain output with a grammar")

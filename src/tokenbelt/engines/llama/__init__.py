@@ -1,0 +1,62 @@
+"""The llama.cpp engines: the batch engine (``_batch.py``: THE decode loop, where a stop
+lands inside a step), its grammar sampler, thread tuning and loading, the native helpers
+they share, and the single-sequence baseline the benchmarks measure against."""
+
+from ._batch import BatchEngine, KeptPrompts, check_fits, check_request
+from ._binding import quiet_native_logs
+from ._grammar import (
+    CALL_ARGUMENTS,
+    CALL_PREFIX,
+    GrammarCacheInfo,
+    GrammarSampler,
+    check_enforceable,
+    check_grammar,
+    clear_schema_cache,
+    functions_grammar,
+    json_object_grammar,
+    schema_cache_info,
+    schema_grammar,
+)
+from ._loading import check_gguf_file, load_with_deadline
+from ._native import chat_formatter, load_vocab, prompt_tokens, template_tools
+from ._single import LlamaEngine
+from ._threads import (
+    ThreadTuner,
+    check_threads,
+    default_threads,
+    system_load,
+    thread_candidates,
+    usable_cores,
+)
+
+__all__ = [
+    "CALL_ARGUMENTS",
+    "CALL_PREFIX",
+    "BatchEngine",
+    "GrammarCacheInfo",
+    "GrammarSampler",
+    "KeptPrompts",
+    "LlamaEngine",
+    "ThreadTuner",
+    "chat_formatter",
+    "check_enforceable",
+    "check_fits",
+    "check_gguf_file",
+    "check_grammar",
+    "check_request",
+    "check_threads",
+    "clear_schema_cache",
+    "default_threads",
+    "functions_grammar",
+    "json_object_grammar",
+    "load_vocab",
+    "load_with_deadline",
+    "prompt_tokens",
+    "quiet_native_logs",
+    "schema_cache_info",
+    "schema_grammar",
+    "system_load",
+    "template_tools",
+    "thread_candidates",
+    "usable_cores",
+]

@@ -1,0 +1,133 @@
+"""llama.cpp helpers the engines share: the chat template, the vocabulary, prompt tokens
+and stop strings.
+
+``chat_formatter`` and ``template_tools`` read a GGUF's own chat template;
+``load_vocab`` opens a model's vocabulary without its weights (the worker's parent
+tokenizes with it); ``prompt_tokens`` turns a request into tokens; ``StopMatcher``
+holds back text that may start a stop string, and ``held_back`` gives it up at the end.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from ..._errors import DecodeError, ModelLoadError
+from .._request import GenerationRequest
+from ._binding import quiet_native_logs
+
+
+def chat_formatter(model: Any) -> Any:
+    """A chat formatter from the GGUF's own template (None if it has none).
+
+    ``model`` is llama-cpp-python's ``_internals.LlamaModel``.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = model.metadata().get("tokenizer.chat_template")
+    if not template:
+        return None
+    eos, bos = model.token_eos(), model.token_bos()
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=model.token_get_text(eos) if eos != -1 else "",
+        bos_token=model.token_get_text(bos) if bos != -1 else "",
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _template_tools(template: str) -> bool:
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False
+
+
+def template_tools(formatter: Any) -> bool:
+    """Whether a chat formatter's template renders tools itself (its Jinja source reads
+    the ``tools`` variable, as Qwen2.5 and Hermes templates do)."""
+    template = getattr(formatter, "template", None)
+    return isinstance(template, str) and _template_tools(template)
+
+
+def load_vocab(path: str | Path) -> Any:
+    """A model file's vocabulary and metadata only (llama-cpp-python's ``LlamaModel``, a
+    few MB, no weights): to tokenize and read its template without loading it. Close it
+    with ``close()``. Raises ``ModelLoadError``."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    quiet_native_logs()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    try:
+        return _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ModelLoadError(f"llama.cpp could not load {path}: {exc}") from exc
+
+
+def held_back(stopper: StopMatcher, decoder: codecs.IncrementalDecoder) -> str:
+    """The text a reply held back when it ends: what was kept for stop strings. The
+    bytes of a character left unfinished (a reply cut at ``max_tokens`` inside a
+    multi-byte character) are dropped, not shown as U+FFFD."""
+    decoder.reset()
+    return stopper.flush()
+
+
+def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: str) -> list[int]:
+    """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
+    (the GGUF's template), with the request's tools when the template renders them.
+    ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
+
+    def tokenize(text: str, *, add_bos: bool, special: bool) -> list[int]:
+        return list(model.tokenize(text.encode("utf-8"), add_bos, special))
+
+    if request.prompt is not None:
+        return tokenize(request.prompt, add_bos=True, special=False)
+    if formatter is None:
+        raise DecodeError(f"{name} has no chat template; send a raw prompt instead")
+    tools = json.loads(request.tools) if request.tools and template_tools(formatter) else None
+    try:
+        result = formatter(messages=list(request.messages or ()), tools=tools)
+    except Exception as exc:
+        raise DecodeError(f"the chat template failed: {exc}") from exc
+    return tokenize(result.prompt, add_bos=not result.added_special, special=True)
+
+
+class StopMatcher:
+    """Holds back text that might be the start of a stop string."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.held = ""
+        #: the stop string that was hit (the earliest in the text), once one is
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop string was hit)."""
+        if not self.stops:
+            return text, False
+        held = self.held + text
+        hits = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held = ""
+            at, self.matched = min(hits)
+            return held[:at], True
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(held)), 0, -1):
+                if held.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        self.held = held[len(held) - keep :]
+        return held[: len(held) - keep], False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held

@@ -1,0 +1,77 @@
+"""One request as the worker's parent tracks it: its producer, its credits, its stop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...belt import EndReason, Producer
+from .._request import GenerationRequest
+from ._process import Process
+
+
+class Job:
+    """A request started on a ``WorkerEngine``: sent to a worker, or waiting for one."""
+
+    __slots__ = (
+        "capacity",
+        "granted",
+        "on_exit",
+        "producer",
+        "received",
+        "request",
+        "rid",
+        "stop_by",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        request: GenerationRequest,
+        producer: Producer[Any],
+        on_exit: Callable[[], None],
+    ) -> None:
+        self.rid = rid
+        self.request = request
+        self.producer = producer
+        self.on_exit = on_exit
+        self.capacity = producer.capacity
+        self.granted = self.capacity  # items the worker may send in all
+        self.received = 0
+        #: when a stop not yet honoured kills the worker (monotonic), once stopped
+        self.stop_by: float | None = None
+        #: the worker process it was sent to (None while it waits for one)
+        self.worker: Process | None = None
+
+    def credit_due(self) -> tuple[int, bool]:
+        """The room the reader made since the last grant, and whether the worker is out
+        of credits (it sent every item it was granted)."""
+        consumed = self.producer.statistics().consumed
+        return consumed + self.capacity - self.granted, self.received >= self.granted
+
+    def let_go(self) -> None:
+        """The engine is done with the request: its exit hook, then its release."""
+        if self.producer.end_reason is None:  # pragma: no cover - every path ends it first
+            self.producer.cancel(EndReason.SHUTDOWN)
+        try:
+            self.on_exit()
+        finally:
+            self.producer.release()
+
+    def end(self, error: BaseException) -> None:
+        """End with ``error`` (a no-op after a stop: that reason stays), then let go."""
+        self.producer.fail(error)
+        self.let_go()
+
+    def record_kill(self, w: Process, cause: str) -> None:
+        """Record in the trace that ``w`` is killed for this request's stop."""
+        trace = self.producer.trace
+        stopped = trace.cancel_requested
+        trace.worker = {
+            "pid": w.pid,
+            "killed": cause,
+            "killed_after_stop_ms": (
+                None if stopped is None else round((trace.clock() - stopped) * 1000, 3)
+            ),
+        }

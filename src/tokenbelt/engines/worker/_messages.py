@@ -1,0 +1,209 @@
+"""THE pipe protocol between ``WorkerEngine`` (the parent) and its worker process.
+
+One frozen record per message kind; both ends dispatch on the record's type, so every
+field is typed across the process boundary. ``rid`` is the parent's number for a
+request (one per ``start``). On the pipe each message is one frame: a pickle, length
+prefixed, exactly as ``multiprocessing.connection.Connection`` reads it (``frame``).
+What is pickled is the plain tuple ``encode`` makes (the kind's number, then the
+fields), which ``decode`` turns back into the record: a pickled dataclass costs about
+ten times a tuple, and an ``Item`` crosses the pipe for every token.
+
+Parent to worker: ``Load`` (the first message, once), then ``Start``, ``Cancel``,
+``Credit`` and ``Close``. Worker to parent: ``Ready`` or ``LoadError`` (once), then per
+request ``Admit``, ``Prompt``, ``Cached``, ``Item``\\ s, one end (``Finish``, ``Fail``
+or ``Cancel``) and ``Release``.
+
+Backpressure is credits: the worker may send as many ``Item``\\ s for a request as the
+parent granted (the belt's capacity at ``Start``, then each ``Credit``). Completion
+tokens counted since the last message that carried a count ride on the next ``Item``
+or end (``tokens``). Items are pickled as they are, whatever the engine puts.
+"""
+
+from __future__ import annotations
+
+import operator
+import pickle
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, cast
+
+from ...belt import EndReason
+from .._request import GenerationRequest
+from .._statistics import BatchStatistics
+
+# -- parent to worker ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load the model file ``path`` with the batch engine's ``options``."""
+
+    path: str
+    options: dict[str, Any]
+    #: a test-only crash point for this worker ("prefill", "decode"), or None
+    crash_point: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start a request; the worker may send ``capacity`` items before the first credit."""
+
+    rid: int
+    request_id: str
+    request: GenerationRequest
+    capacity: int
+    #: the prompt as the parent tokenized it (the same vocabulary), or None
+    tokens: list[int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """The parent's reader took ``n`` items: the worker may send ``n`` more."""
+
+    rid: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Exit: close the engine and the pipe."""
+
+
+# -- both ways ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """A request ends for ``reason``: the parent's belt was cancelled (to the worker), or
+    the worker's engine ended it for a reason of its own, such as ``shutdown`` (to the
+    parent)."""
+
+    rid: int
+    reason: EndReason
+
+
+# -- worker to parent ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The model is loaded; ``info`` describes the engine (pid, slots, threads...)."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadError:
+    """The model could not be loaded; the worker exits."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """The worker's loop admitted the request."""
+
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """The request's prompt has ``n`` tokens."""
+
+    rid: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cached:
+    """``n`` prompt tokens came from the prefix cache."""
+
+    rid: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One item for the request's belt, and the tokens counted since the last count."""
+
+    rid: int
+    item: Any
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A natural end (``stop``/``length``)."""
+
+    rid: int
+    reason: EndReason
+    tokens: int
+    stop_sequence: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The request failed in the worker's engine."""
+
+    rid: int
+    message: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The worker's engine let go of the request (its KV cells are free or cached)."""
+
+    rid: int
+    #: every request this one shared a step with
+    batched_with: list[str]
+    #: the worker engine's counters at the release, for the parent's metrics
+    statistics: BatchStatistics | None
+
+
+#: what the parent sends
+ToWorker = Load | Start | Cancel | Credit | Close
+#: what the worker sends
+ToParent = Ready | LoadError | Admit | Prompt | Cached | Item | Finish | Fail | Cancel | Release
+
+
+#: every kind, numbered by its place here (the number goes on the pipe)
+_KINDS: tuple[type[Any], ...] = (
+    Load, Start, Credit, Close, Cancel, Ready, LoadError, Admit, Prompt, Cached, Item,
+    Finish, Fail, Release,
+)  # fmt: skip
+_CODES = {kind: code for code, kind in enumerate(_KINDS)}
+
+
+def _getter(kind: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    names = [f.name for f in fields(kind)]
+    if not names:
+        return lambda _message: ()
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda message: (one(message),)
+    return operator.attrgetter(*names)
+
+
+_GETTERS = {kind: _getter(kind) for kind in _KINDS}
+
+
+def encode(message: ToWorker | ToParent) -> tuple[Any, ...]:
+    """``message`` as the tuple that is pickled: its kind's number, then its fields."""
+    kind = type(message)
+    return (_CODES[kind], *_GETTERS[kind](message))
+
+
+def decode(wire: tuple[Any, ...]) -> ToWorker | ToParent:
+    """The record ``encode`` made ``wire`` from."""
+    return cast("ToWorker | ToParent", _KINDS[wire[0]](*wire[1:]))
+
+
+def frame(message: ToWorker | ToParent) -> bytes:
+    """``message`` as ``multiprocessing.connection.Connection.recv`` reads it (then
+    ``decode`` it)."""
+    data = pickle.dumps(encode(message), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > 0x7FFFFFFF:
+        return struct.pack("!iQ", -1, len(data)) + data
+    return struct.pack("!i", len(data)) + data

@@ -1,0 +1,59 @@
+"""The parent's own view of a worker's model: its vocabulary only (a few MB, no weights).
+
+Prompts are tokenized in the parent, so admission checks (``PromptTooLong``, a bad
+``logit_bias`` or grammar) never wait on the worker, and the tokens travel with the
+request's ``Start``: the worker's engine uses them as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .._request import GenerationRequest
+from ..llama import (
+    KeptPrompts,
+    chat_formatter,
+    check_request,
+    load_vocab,
+    prompt_tokens,
+    template_tools,
+)
+
+
+class PromptTokens:
+    """A model file's vocabulary and chat template, and the prompts tokenized with them
+    until their request is sent. Raises ``ModelLoadError`` when the file cannot be read.
+    Close it with ``close()``."""
+
+    def __init__(self, model_path: str | Path, name: str) -> None:
+        self.name = name
+        self._vocab: Any = load_vocab(model_path)
+        self._formatter = chat_formatter(self._vocab)
+        self._kept = KeptPrompts()  # sent with each request: the worker uses them
+        #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
+        self.template_tools = template_tools(self._formatter)
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        """The prompt tokens for a request, as the worker's engine makes them."""
+        return prompt_tokens(self._vocab, self._formatter, request, self.name)
+
+    def check(self, request: GenerationRequest) -> None:
+        """What only the model can check before a request queues: ``logit_bias`` names
+        tokens of its vocabulary, a grammar parses against it (``InvalidArgument``)."""
+        import llama_cpp
+
+        vocab = self._vocab.vocab
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        check_request(llama_cpp, vocab, n_vocab, request, self.name)
+
+    def keep(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Keep ``tokens`` as the prompt of ``request``, for ``take``."""
+        self._kept.keep(request, tokens)
+
+    def take(self, request: GenerationRequest) -> list[int] | None:
+        """The tokens ``count`` kept for ``request`` (forgotten here), or None."""
+        return self._kept.take(request)
+
+    def close(self) -> None:
+        self._vocab.close()

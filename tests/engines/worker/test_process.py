@@ -1,0 +1,105 @@
+"""The parent's end of a worker's pipe: writes that never block the caller, in order.
+
+A real socket pair and a real (finished) child process; no model.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tokenbelt.belt import EndReason
+from tokenbelt.engines import GenerationRequest
+from tokenbelt.engines.worker._messages import Cancel, Credit, Start, decode
+from tokenbelt.engines.worker._process import Process
+
+
+def _pipe() -> tuple[Process, Connection]:
+    import socket
+
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return Process(child, ours, 1), Connection(theirs.detach())
+
+
+def test_a_message_the_pipe_takes_is_written_on_the_callers_thread() -> None:
+    w, far = _pipe()
+    try:
+        w.post(Credit(7, 4))
+        assert not w.outbox  # nothing left for the sender thread
+        assert far.poll(1)
+        assert decode(far.recv()) == Credit(7, 4)
+    finally:
+        w.close_pipe()
+        far.close()
+
+
+def test_what_the_pipe_does_not_take_waits_for_the_sender_and_the_order_holds() -> None:
+    """A message bigger than the socket's buffer: ``post`` returns at once (the far end
+    reads nothing yet), keeps the rest and everything after it for the sender thread,
+    which writes them whole and in order once the far end reads."""
+    w, far = _pipe()
+    big = Start(1, "req", GenerationRequest(prompt="x" * (8 << 20)), 8, None)
+    stop = Cancel(1, EndReason.USER_CANCEL)
+    grants: list[Any] = []
+    try:
+        began = time.monotonic()
+        w.post(big)
+        w.defer(lambda: grants.append("job"))
+        w.post(stop)
+        assert time.monotonic() - began < 1.0
+        assert len(w.outbox) == 3  # the unsent part, the grant, the stop
+        sender = threading.Thread(target=w.send_queued, daemon=True)
+        sender.start()
+        assert decode(far.recv()) == big
+        assert decode(far.recv()) == stop
+        assert grants == ["job"]
+        with w.cond:
+            w.done = True
+            w.cond.notify_all()
+        sender.join(5)
+        assert not sender.is_alive()
+    finally:
+        w.close_pipe()
+        far.close()
+
+
+def test_every_message_kind_survives_the_pipe_whole() -> None:
+    """Each record, framed by the parent or sent by the child's ``Connection``, reads
+    back as the same record (the kinds are numbered by their place)."""
+    from multiprocessing.connection import Pipe
+
+    from tokenbelt.engines import BatchStatistics
+    from tokenbelt.engines.worker import _messages as m
+
+    request = GenerationRequest(prompt="hi")
+    stats = BatchStatistics(2, 1, 3, 4, 5, 0, 1, 2, 1, 2)
+    every = [
+        m.Load("model.gguf", {"slots": 2}, None),
+        m.Start(1, "req", request, 8, [1, 2]),
+        m.Credit(1, 4),
+        m.Close(),
+        m.Cancel(1, EndReason.USER_CANCEL),
+        m.Ready({"pid": 1}),
+        m.LoadError("no"),
+        m.Admit(1),
+        m.Prompt(1, 5),
+        m.Cached(1, 3),
+        m.Item(1, " hi", 1),
+        m.Finish(1, EndReason.STOP, 2, "\n"),
+        m.Fail(1, "boom", 0),
+        m.Release(1, ["req_2"], stats),
+    ]
+    ours, theirs = Pipe()
+    try:
+        for message in every:
+            theirs.send(m.encode(message))
+            assert m.decode(ours.recv()) == message
+    finally:
+        ours.close()
+        theirs.close()
