@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tokenbelt import Belt, EndReason, GenerationRequest, SamplingParams
+from tokenbelt import EndReason, GenerationRequest, SamplingParams
+from tokenbelt.belt import Belt
 from tokenbelt.engines import BatchEngine, BatchStatistics, LoopEngine, Message
 from tokenbelt.models import default_model_path
 
