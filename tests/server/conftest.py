@@ -95,6 +95,11 @@ class Recorder:
         event: TraceEvent = self._until(found, f"{kind} of {trace.request_id}", timeout)
         return event
 
+    def enqueued(self) -> list[Trace]:
+        """The traces of every request enqueued so far."""
+        with self._cond:
+            return [e.trace for e in self.events if e.kind == "enqueued"]
+
     def kinds(self, trace: Trace) -> list[str]:
         with self._cond:
             return [e.kind for e in self.events if e.trace is trace]
@@ -225,6 +230,12 @@ def serve() -> Iterator[ServeFactory]:
         _stop(handle)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "own_server: the test needs a server of its own, not its module's shared one"
+    )
+
+
 class SharedServer:
     """One real server shared by the tests of a module that need no server of their own.
 
@@ -233,27 +244,38 @@ class SharedServer:
     gets its own view (``view``): a fresh recorder that sees only that test's requests,
     so ``recorder.nth(0)`` and ``recorder.events == []`` mean what they say, and at its
     end every request it sent must have been released, so none runs into the next test.
-    Tests that assert fresh state (restarts, loads, crashes, shutdown, the request
-    list, metrics totals) keep their own ``serve``.
+    Tests that assert fresh state (restarts, loads and unloads, crashes, shutdown, the
+    request list, metrics totals) are marked ``own_server`` and get a server of their own.
     """
 
-    def __init__(self, runtime: Runtime, settings: ServerSettings | None = None, **kwargs: Any):
-        self._running, self._served = _start(runtime, settings, **kwargs)
+    def __init__(
+        self,
+        make_runtime: Callable[[], Runtime],
+        settings: ServerSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._make_runtime = make_runtime
+        self._settings = settings
+        self._kwargs = kwargs
+        self._running, self._served = _start(make_runtime(), settings, **kwargs)
         # The worker threads its event loop starts on demand live as long as the server,
         # not as long as the test that happened to start them (see ``no_leaked_threads``).
         loop = self._running[0].loop
         assert loop is not None
         loop.shared_by_module = True  # type: ignore[attr-defined]
         self._current = Recorder()
-        runtime.subscribe(lambda event: self._current(event))
+        self._served.runtime.subscribe(lambda event: self._current(event))
 
-    def view(self) -> Iterator[Served]:
+    def view(self, request: pytest.FixtureRequest) -> Iterator[Served]:
+        """This test's server: a view of the shared one, or (``own_server``) its own."""
+        if request.node.get_closest_marker("own_server") is not None:
+            serve: ServeFactory = request.getfixturevalue("serve")
+            yield serve(self._make_runtime(), self._settings, **self._kwargs)
+            return
         recorder = self._current = Recorder()
         served = self._served
         yield Served(served.url, served.app, served.runtime, recorder)
-        with recorder._cond:
-            traces = [e.trace for e in recorder.events if e.kind == "enqueued"]
-        for trace in traces:
+        for trace in recorder.enqueued():
             recorder.wait(trace, "released")
         self._current = Recorder()
 
@@ -272,9 +294,10 @@ def module_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def shared_server(
-    runtime: Runtime, settings: ServerSettings | None = None, **kwargs: Any
+    make_runtime: Callable[[], Runtime], settings: ServerSettings | None = None, **kwargs: Any
 ) -> Iterator[SharedServer]:
-    shared = SharedServer(runtime, settings, **kwargs)
+    """A ``SharedServer`` serving ``make_runtime()``, stopped when the block ends."""
+    shared = SharedServer(make_runtime, settings, **kwargs)
     try:
         yield shared
     finally:

@@ -25,13 +25,13 @@ GREEDY = {"temperature": 0.0}
 @pytest.fixture(scope="module")
 def shared(module_home: Path) -> Iterator[SharedServer]:
     """One server for the module: its tests only send requests and read their own traces."""
-    with shared_server(real_runtime()) as server:
+    with shared_server(real_runtime) as server:
         yield server
 
 
 @pytest.fixture
-def served(shared: SharedServer) -> Iterator[Served]:
-    yield from shared.view()
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @pytest.fixture

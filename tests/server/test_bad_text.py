@@ -55,13 +55,13 @@ CASES = [
 @pytest.fixture(scope="module")
 def shared(module_home: Path) -> Iterator[SharedServer]:
     """One server for the module: its tests only send requests and read their own traces."""
-    with shared_server(real_runtime(n_ctx=512)) as server:
+    with shared_server(lambda: real_runtime(n_ctx=512)) as server:
         yield server
 
 
 @pytest.fixture
-def served(shared: SharedServer) -> Iterator[Served]:
-    yield from shared.view()
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 def _post(served: Served, path: str, body: bytes) -> httpx.Response:

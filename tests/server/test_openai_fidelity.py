@@ -32,13 +32,13 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
     """One server for the module: its tests only send requests and read their own traces."""
     # Without the prefix cache every prompt is computed in full: greedy text repeats
     # whatever ran before or beside it, so two answers can be compared.
-    with shared_server(real_runtime(prefix_cache=False, slots=2)) as server:
+    with shared_server(lambda: real_runtime(prefix_cache=False, slots=2)) as server:
         yield server
 
 
 @pytest.fixture
-def served(shared: SharedServer) -> Iterator[Served]:
-    yield from shared.view()
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from tokenbelt import EndReason
 from tokenbelt.belt import TraceEvent
 
-from .conftest import NET, Served, ServeFactory, SharedServer, real_runtime, shared_server
+from .conftest import NET, Served, SharedServer, real_runtime, shared_server
 
 PERSON = {
     "type": "object",
@@ -105,13 +105,13 @@ def person_format(schema: dict[str, Any] = PERSON) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def shared(module_home: Path) -> Iterator[SharedServer]:
     """One server for the module: its tests only send requests and read their own traces."""
-    with shared_server(real_runtime()) as server:
+    with shared_server(real_runtime) as server:
         yield server
 
 
 @pytest.fixture
-def served(shared: SharedServer) -> Iterator[Served]:
-    yield from shared.view()
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @pytest.fixture
@@ -217,14 +217,10 @@ def test_compile_time_is_reported_and_cached(client: openai.OpenAI, served: Serv
     assert infos[1] == {"cached": True, "compile_ms": 0.0}
 
 
-def test_a_schema_that_cannot_compile_is_a_400_before_any_compute(serve: ServeFactory) -> None:
-    # Its own server: the request list below must be empty, not hold other tests' requests.
-    served = serve(real_runtime())
-    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET) as client:
-        _refused_before_any_compute(served, client)
-
-
-def _refused_before_any_compute(served: Served, client: openai.OpenAI) -> None:
+@pytest.mark.own_server  # the request list below is empty, not other tests' requests
+def test_a_schema_that_cannot_compile_is_a_400_before_any_compute(
+    client: openai.OpenAI, served: Served
+) -> None:
     bad = [
         person_format({"type": "strange"}),
         person_format({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
