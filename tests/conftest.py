@@ -38,11 +38,23 @@ def timeline_invariants() -> Iterator[None]:
         pytest.fail("timeline invariants broken:\n" + "\n".join(broken))
 
 
+def _shared(thread: threading.Thread) -> bool:
+    """A worker thread of the event loop of a server shared by a module's tests.
+
+    AnyIO starts such threads on demand and they live as long as that loop, which
+    outlives every single test (``SharedServer`` in tests/server/conftest.py marks it).
+    """
+    return bool(getattr(getattr(thread, "loop", None), "shared_by_module", False))
+
+
 def _foreign_threads(before: set[threading.Thread]) -> list[threading.Thread]:
     return [
         t
         for t in threading.enumerate()
-        if t not in before and t.is_alive() and not t.name.startswith(_IGNORED_THREAD_PREFIXES)
+        if t not in before
+        and t.is_alive()
+        and not t.name.startswith(_IGNORED_THREAD_PREFIXES)
+        and not _shared(t)
     ]
 
 

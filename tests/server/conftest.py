@@ -8,12 +8,15 @@ are the kernel's, not a test transport's. Tests synchronise on trace events
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -92,6 +95,11 @@ class Recorder:
         event: TraceEvent = self._until(found, f"{kind} of {trace.request_id}", timeout)
         return event
 
+    def enqueued(self) -> list[Trace]:
+        """The traces of every request enqueued so far."""
+        with self._cond:
+            return [e.trace for e in self.events if e.kind == "enqueued"]
+
     def kinds(self, trace: Trace) -> list[str]:
         with self._cond:
             return [e.kind for e in self.events if e.trace is trace]
@@ -134,6 +142,73 @@ class Served:
 ServeFactory = Callable[..., Served]
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, keeping its event loop (the loop of its worker threads too)."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+
+_Running = tuple[_Server, threading.Thread, Runtime, socket.socket]
+
+
+def _start(
+    runtime: Runtime,
+    settings: ServerSettings | None = None,
+    *,
+    sndbuf: int | None = None,
+    **kwargs: Any,
+) -> tuple[_Running, Served]:
+    app = create_app(runtime, settings, **kwargs)
+    # Subscribed after the app's own observers: once the recorder has seen an event,
+    # the server's metrics, log line and request record have it too.
+    recorder = Recorder()
+    runtime.subscribe(recorder)
+    # IPPROTO_TCP spelled out: asyncio turns Nagle off (TCP_NODELAY) only on sockets
+    # whose proto says TCP, as uvicorn's own sockets do; with proto 0, every
+    # response on a kept-alive connection would wait out a delayed ACK (40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sndbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        http=http_protocol((settings or ServerSettings()).read_timeout),
+    )
+    server = _Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="test-uvicorn", daemon=True
+    )
+    thread.start()
+    running = (server, thread, runtime, sock)
+    deadline = time.monotonic() + NET
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            _stop(running)
+            raise AssertionError("uvicorn did not start")
+        thread.join(0.01)
+    port = sock.getsockname()[1]
+    return running, Served(f"http://127.0.0.1:{port}", app, runtime, recorder)
+
+
+def _stop(running: _Running) -> None:
+    server, thread, runtime, sock = running
+    server.should_exit = True
+    thread.join(NET)
+    runtime.close()
+    sock.close()
+    assert not thread.is_alive(), "uvicorn did not stop"
+
+
 @pytest.fixture
 def serve() -> Iterator[ServeFactory]:
     """``serve(runtime, settings=None, sndbuf=None, **create_app_kwargs)`` starts uvicorn.
@@ -143,58 +218,90 @@ def serve() -> Iterator[ServeFactory]:
     it from the listening socket), as on a machine with small socket buffers.
     Teardown asks each server to exit, joins its thread and closes its runtime.
     """
-    running: list[tuple[uvicorn.Server, threading.Thread, Runtime, socket.socket]] = []
+    running: list[_Running] = []
 
-    def start(
-        runtime: Runtime,
-        settings: ServerSettings | None = None,
-        *,
-        sndbuf: int | None = None,
-        **kwargs: Any,
-    ) -> Served:
-        app = create_app(runtime, settings, **kwargs)
-        # Subscribed after the app's own observers: once the recorder has seen an event,
-        # the server's metrics, log line and request record have it too.
-        recorder = Recorder()
-        runtime.subscribe(recorder)
-        # IPPROTO_TCP spelled out: asyncio turns Nagle off (TCP_NODELAY) only on sockets
-        # whose proto says TCP, as uvicorn's own sockets do; with proto 0, every
-        # response on a kept-alive connection would wait out a delayed ACK (40 ms).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if sndbuf is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-        sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-            http=http_protocol((settings or ServerSettings()).read_timeout),
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name="test-uvicorn", daemon=True
-        )
-        thread.start()
-        running.append((server, thread, runtime, sock))
-        deadline = time.monotonic() + NET
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise AssertionError("uvicorn did not start")
-            thread.join(0.01)
-        port = sock.getsockname()[1]
-        return Served(f"http://127.0.0.1:{port}", app, runtime, recorder)
+    def start(runtime: Runtime, settings: ServerSettings | None = None, **kwargs: Any) -> Served:
+        handle, served = _start(runtime, settings, **kwargs)
+        running.append(handle)
+        return served
 
     yield start
-    for server, thread, runtime, sock in reversed(running):
-        server.should_exit = True
-        thread.join(NET)
-        runtime.close()
-        sock.close()
-        assert not thread.is_alive(), "uvicorn did not stop"
+    for handle in reversed(running):
+        _stop(handle)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "own_server: the test needs a server of its own, not its module's shared one"
+    )
+
+
+class SharedServer:
+    """One real server shared by the tests of a module that need no server of their own.
+
+    Starting a server with the real model loaded costs seconds; a test that only sends
+    requests and reads their replies and traces does not need a fresh one. Each test
+    gets its own view (``view``): a fresh recorder that sees only that test's requests,
+    so ``recorder.nth(0)`` and ``recorder.events == []`` mean what they say, and at its
+    end every request it sent must have been released, so none runs into the next test.
+    Tests that assert fresh state (restarts, loads and unloads, crashes, shutdown, the
+    request list, metrics totals) are marked ``own_server`` and get a server of their own.
+    """
+
+    def __init__(
+        self,
+        make_runtime: Callable[[], Runtime],
+        settings: ServerSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._make_runtime = make_runtime
+        self._settings = settings
+        self._kwargs = kwargs
+        self._running, self._served = _start(make_runtime(), settings, **kwargs)
+        # The worker threads its event loop starts on demand live as long as the server,
+        # not as long as the test that happened to start them (see ``no_leaked_threads``).
+        loop = self._running[0].loop
+        assert loop is not None
+        loop.shared_by_module = True  # type: ignore[attr-defined]
+        self._current = Recorder()
+        self._served.runtime.subscribe(lambda event: self._current(event))
+
+    def view(self, request: pytest.FixtureRequest) -> Iterator[Served]:
+        """This test's server: a view of the shared one, or (``own_server``) its own."""
+        if request.node.get_closest_marker("own_server") is not None:
+            serve: ServeFactory = request.getfixturevalue("serve")
+            yield serve(self._make_runtime(), self._settings, **self._kwargs)
+            return
+        recorder = self._current = Recorder()
+        served = self._served
+        yield Served(served.url, served.app, served.runtime, recorder)
+        for trace in recorder.enqueued():
+            recorder.wait(trace, "released")
+        self._current = Recorder()
+
+    def close(self) -> None:
+        _stop(self._running)
+
+
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An empty tokenbelt home for a module's shared server (as ``tokenbelt_home`` per test)."""
+    with pytest.MonkeyPatch.context() as patch:
+        home = tmp_path_factory.mktemp("tokenbelt-home")
+        patch.setenv("TOKENBELT_HOME", str(home))
+        yield home
+
+
+@contextlib.contextmanager
+def shared_server(
+    make_runtime: Callable[[], Runtime], settings: ServerSettings | None = None, **kwargs: Any
+) -> Iterator[SharedServer]:
+    """A ``SharedServer`` serving ``make_runtime()``, stopped when the block ends."""
+    shared = SharedServer(make_runtime, settings, **kwargs)
+    try:
+        yield shared
+    finally:
+        shared.close()
 
 
 # -- runtimes ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ and messages.stream, stop sequences, Anthropic-shaped errors, and leaving a stre
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -12,7 +13,7 @@ import pytest
 
 from tokenbelt import EndReason
 
-from .conftest import NET, Served, ServeFactory, real_runtime
+from .conftest import NET, Served, SharedServer, real_runtime, shared_server
 
 pytestmark = pytest.mark.model
 
@@ -21,9 +22,16 @@ SEA: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
 GREEDY = {"temperature": 0.0}
 
 
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    """One server for the module: its tests only send requests and read their own traces."""
+    with shared_server(real_runtime) as server:
+        yield server
+
+
 @pytest.fixture
-def served(serve: ServeFactory) -> Served:
-    return serve(real_runtime())
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @pytest.fixture

@@ -9,12 +9,23 @@ before admission (no trace), in every API, and the SDK refuses them the same way
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import pytest
 
 from tokenbelt import InvalidArgument
 
-from .conftest import CHAT, COMPLETIONS, NET, Served, ServeFactory, real_runtime
+from .conftest import (
+    CHAT,
+    COMPLETIONS,
+    NET,
+    Served,
+    SharedServer,
+    real_runtime,
+    shared_server,
+)
 
 #: (id, path, raw JSON body, what the message names)
 CASES = [
@@ -41,9 +52,16 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    """One server for the module: its tests only send requests and read their own traces."""
+    with shared_server(lambda: real_runtime(n_ctx=512)) as server:
+        yield server
+
+
 @pytest.fixture
-def served(serve: ServeFactory) -> Served:
-    return serve(real_runtime(n_ctx=512))
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 def _post(served: Served, path: str, body: bytes) -> httpx.Response:

@@ -8,12 +8,14 @@ back means the wire shapes are right.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from .conftest import NET, Served, ServeFactory, real_runtime
+from .conftest import NET, Served, SharedServer, real_runtime, shared_server
 
 langchain_openai = pytest.importorskip("langchain_openai")
 
@@ -33,9 +35,16 @@ class Weather(BaseModel):
     unit: str = Field(json_schema_extra={"enum": ["celsius", "fahrenheit"]})
 
 
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    """One server for the module: its tests only send requests and read their replies."""
+    with shared_server(real_runtime) as server:
+        yield server
+
+
 @pytest.fixture
-def served(serve: ServeFactory) -> Served:
-    return serve(real_runtime())
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 def chat_model(served: Served) -> object:

@@ -17,7 +17,14 @@ import pytest
 
 from tokenbelt import EndReason, ModelState
 
-from .conftest import LONG_PROMPT, NET, Served, ServeFactory, real_runtime
+from .conftest import (
+    LONG_PROMPT,
+    NET,
+    Served,
+    SharedServer,
+    real_runtime,
+    shared_server,
+)
 
 pytestmark = pytest.mark.model
 
@@ -25,9 +32,16 @@ SEA = [{"role": "user", "content": "Tell me about the sea."}]
 GREEDY = {"temperature": 0.0, "seed": 1}
 
 
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    """One server for the module's tests that only send requests and read their traces."""
+    with shared_server(real_runtime) as server:
+        yield server
+
+
 @pytest.fixture
-def served(serve: ServeFactory) -> Served:
-    return serve(real_runtime())
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @contextlib.contextmanager
@@ -136,6 +150,7 @@ def test_stop_option_ends_before_the_stop_string(client: ollama.Client, served: 
     assert stopped.eval_count < 64
 
 
+@pytest.mark.own_server  # the catalog and the running models as a fresh server has them
 def test_list_show_ps_and_version(client: ollama.Client, served: Served) -> None:
     listed = {m.model: m for m in client.list().models}
     assert set(listed) == {name(served), "smollm2-135m"}
@@ -170,6 +185,7 @@ def test_list_show_ps_and_version(client: ollama.Client, served: Served) -> None
     assert set(version) == {"version", "tokenbelt"}
 
 
+@pytest.mark.own_server  # pulls into this test's own home
 def test_pull_of_the_embedded_alias_reports_progress(client: ollama.Client) -> None:
     parts = list(client.pull("smollm2-135m", stream=True))
     statuses = [p.status for p in parts]
@@ -190,6 +206,7 @@ def test_pull_of_the_embedded_alias_reports_progress(client: ollama.Client) -> N
     assert missing.value.status_code == 404
 
 
+@pytest.mark.own_server  # deletes from this test's own home
 def test_delete_keeps_a_packaged_file_and_refuses_an_unknown_name(
     client: ollama.Client,
 ) -> None:
@@ -236,6 +253,7 @@ def test_unsupported_parameters_are_refused_by_name(
     assert served.recorder.events == []  # refused before anything was queued
 
 
+@pytest.mark.own_server  # unloads and reloads the model
 def test_keep_alive_zero_unloads_and_the_next_request_loads_again(
     client: ollama.Client, served: Served
 ) -> None:
@@ -260,6 +278,7 @@ def test_keep_alive_zero_unloads_and_the_next_request_loads_again(
     assert model.keep_alive is None
 
 
+@pytest.mark.own_server  # unloads and reloads the model
 def test_a_load_after_an_unload_stays_loaded_and_one_without_keep_alive_is_a_load(
     client: ollama.Client, served: Served
 ) -> None:

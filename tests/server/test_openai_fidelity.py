@@ -16,7 +16,7 @@ import pytest
 from tokenbelt import GenerationRequest
 from tokenbelt.models import default_model_path
 
-from .conftest import NET, Served, ServeFactory, real_runtime
+from .conftest import NET, Served, ServeFactory, SharedServer, real_runtime, shared_server
 
 pytestmark = pytest.mark.model
 
@@ -27,11 +27,18 @@ PROMPT_600 = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)
 REPEAT = [{"role": "user", "content": "Write the word 'the' ten times."}]
 
 
-@pytest.fixture
-def served(serve: ServeFactory) -> Served:
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    """One server for the module: its tests only send requests and read their own traces."""
     # Without the prefix cache every prompt is computed in full: greedy text repeats
     # whatever ran before or beside it, so two answers can be compared.
-    return serve(real_runtime(prefix_cache=False, slots=2))
+    with shared_server(lambda: real_runtime(prefix_cache=False, slots=2)) as server:
+        yield server
+
+
+@pytest.fixture
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @pytest.fixture

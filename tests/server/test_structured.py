@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +21,7 @@ import pytest
 from tokenbelt import EndReason
 from tokenbelt.belt import TraceEvent
 
-from .conftest import NET, Served, ServeFactory, real_runtime
+from .conftest import NET, Served, SharedServer, real_runtime, shared_server
 
 PERSON = {
     "type": "object",
@@ -101,9 +102,16 @@ def person_format(schema: dict[str, Any] = PERSON) -> dict[str, Any]:
     }
 
 
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    """One server for the module: its tests only send requests and read their own traces."""
+    with shared_server(real_runtime) as server:
+        yield server
+
+
 @pytest.fixture
-def served(serve: ServeFactory) -> Served:
-    return serve(real_runtime())
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
 
 
 @pytest.fixture
@@ -209,6 +217,7 @@ def test_compile_time_is_reported_and_cached(client: openai.OpenAI, served: Serv
     assert infos[1] == {"cached": True, "compile_ms": 0.0}
 
 
+@pytest.mark.own_server  # the request list below is empty, not other tests' requests
 def test_a_schema_that_cannot_compile_is_a_400_before_any_compute(
     client: openai.OpenAI, served: Served
 ) -> None:

@@ -1,8 +1,9 @@
 """A real ``tokenbelt serve`` on the default model, and a real headless Chromium.
 
 The server runs as a subprocess on 127.0.0.1 and an ephemeral port, exactly as a user
-starts it; the browser is Debian's Chromium driven by Playwright. Both are shared by the
-tests of a module (starting them dominates the run) and always shut down.
+starts it; the browser is Debian's Chromium driven by Playwright. Both are shared by all
+the browser tests (starting them dominates the run; each test has its own page and browser
+context, so no cookie, storage or route crosses tests) and always shut down.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 START_NET_S = 60.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base URL of a ready ``tokenbelt serve`` (one per module)."""
+    """The base URL of a ready ``tokenbelt serve`` (one for the web tests that need no other)."""
     with serve_default_model(tmp_path_factory.mktemp("serve"), START_NET_S) as url:
         yield url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
