@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
 import psutil
 import pytest
 
@@ -29,7 +30,7 @@ from tokenbelt import (
     Stream,
     WorkerCrashed,
 )
-from tokenbelt.engines import ABORT_ENV, GenerationRequest, WorkerEngine
+from tokenbelt.engines import ABORT_ENV, GenerationRequest, WorkerEngine, load_vocab
 from tokenbelt.models import default_model_path
 
 from . import NET, Recorder, wait_until
@@ -99,10 +100,6 @@ def model(runtime: Runtime) -> Model:
 
 def _end_tokens() -> dict[int, float]:
     """A logit_bias banning the default model's end-of-generation tokens (its vocabulary's)."""
-    import llama_cpp
-
-    from tokenbelt.engines._llama import load_vocab
-
     vocab = load_vocab(default_model_path())
     try:
         n = llama_cpp.llama_vocab_n_tokens(vocab.vocab)
