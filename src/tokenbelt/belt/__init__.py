@@ -6,7 +6,7 @@ from ._limits import Deadlines, Limits, check_capacity, check_duration
 from ._reasons import EndReason
 from ._timer import DeadlineTimer
 from ._trace import DEFAULT_RELEASE_LAG_THRESHOLD, Observer, Trace, TraceEvent, new_request_id
-from ._views import BeltReader, Producer
+from ._views import BeltReader, Producer, producing
 
 __all__ = [
     "DEFAULT_RELEASE_LAG_THRESHOLD",
@@ -25,4 +25,5 @@ __all__ = [
     "check_duration",
     "invariants",
     "new_request_id",
+    "producing",
 ]

@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -44,7 +43,7 @@ from ._limits import Deadlines, check_capacity
 from ._reasons import EndReason
 from ._timer import DeadlineTimer
 from ._trace import Trace
-from ._views import BeltReader, Producer
+from ._views import BeltReader, Producer, producing
 
 T = TypeVar("T")
 
@@ -502,7 +501,7 @@ class Belt(Generic[T]):
         other exception ends with ``runtime_error``. Then ``on_exit`` runs (free the
         slot) and the release is recorded, even if ``on_exit`` fails.
         """
-        with self._producing(on_exit):
+        with producing(self, on_exit):
             self.finish(target(self) or EndReason.STOP)
 
     async def aproduce(
@@ -512,28 +511,8 @@ class Belt(Generic[T]):
         on_exit: Callable[[], None] | None = None,
     ) -> None:
         """``produce()`` for a coroutine producer. A cancelled task ends with ``shutdown``."""
-        with self._producing(on_exit):
+        with producing(self, on_exit):
             self.finish(await target(self) or EndReason.STOP)
-
-    @contextlib.contextmanager
-    def _producing(self, on_exit: Callable[[], None] | None) -> Iterator[None]:
-        """The producer protocol around a target: start, end reason, exit hook, release."""
-        self.start()
-        try:
-            yield
-        except Cancelled as exc:
-            self.cancel(exc.reason)
-        except Exception as exc:
-            self.fail(exc)
-        except BaseException:
-            self.cancel(EndReason.SHUTDOWN)
-            raise
-        finally:
-            try:
-                if on_exit is not None:
-                    on_exit()
-            finally:
-                self.release()
 
     def __repr__(self) -> str:
         s = self.statistics()

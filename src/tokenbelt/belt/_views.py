@@ -12,10 +12,10 @@ the lock; they carry no state of their own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from .._errors import EndOfStream
+from .._errors import Cancelled, EndOfStream
 from ._reasons import EndReason
 
 if TYPE_CHECKING:
@@ -151,3 +151,39 @@ class Producer(Generic[T]):
 
     def count_token(self) -> None:
         self._belt.trace.completion_tokens += 1
+
+
+class _Life(Protocol):
+    """The calls that make a request's life: a ``Belt`` or its ``Producer``."""
+
+    def start(self) -> object: ...
+    def cancel(self, reason: EndReason) -> object: ...
+    def fail(self, error: BaseException) -> object: ...
+    def release(self) -> object: ...
+
+
+@contextlib.contextmanager
+def producing(end: _Life, on_exit: Callable[[], None] | None = None) -> Iterator[None]:
+    """The producer protocol around a target that runs in the ``with`` block.
+
+    Starts the request; a ``Cancelled`` raised inside ends quietly (the belt has the
+    reason), any other exception ends with ``runtime_error``, a ``BaseException``
+    (a cancelled task, ``KeyboardInterrupt``) with ``shutdown`` and goes on up; then
+    ``on_exit`` runs (free the slot) and the release is recorded, even if it fails.
+    """
+    end.start()
+    try:
+        yield
+    except Cancelled as exc:
+        end.cancel(exc.reason)
+    except Exception as exc:
+        end.fail(exc)
+    except BaseException:
+        end.cancel(EndReason.SHUTDOWN)
+        raise
+    finally:
+        try:
+            if on_exit is not None:
+                on_exit()
+        finally:
+            end.release()

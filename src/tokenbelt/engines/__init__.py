@@ -9,7 +9,7 @@
 - ``_request.py``: what a request asks for; ``_statistics.py``: what engines report.
 """
 
-from ._base import Engine, LoopEngine, OnThreads, run_to_end
+from ._base import Engine, LoopEngine, OnExit, OnThreads, run_to_end
 from ._request import (
     MAX_STOP,
     MAX_TOP_LOGPROBS,
@@ -42,7 +42,6 @@ from .llama import (
     GrammarCacheInfo,
     GrammarSampler,
     LlamaEngine,
-    ThreadTuner,
     chat_formatter,
     check_enforceable,
     check_gguf_file,
@@ -59,7 +58,6 @@ from .llama import (
     schema_cache_info,
     schema_grammar,
     template_tools,
-    thread_candidates,
     usable_cores,
 )
 from .remote import RemoteEngine, Upstream, UpstreamModel, UpstreamPool, list_models, request_body
@@ -86,12 +84,12 @@ __all__ = [
     "LlamaEngine",
     "LoopEngine",
     "Message",
+    "OnExit",
     "OnThreads",
     "Piece",
     "RemoteEngine",
     "SamplingParams",
     "ScriptedEngine",
-    "ThreadTuner",
     "TokenLogprob",
     "Upstream",
     "UpstreamModel",
@@ -123,6 +121,5 @@ __all__ = [
     "schema_cache_info",
     "schema_grammar",
     "template_tools",
-    "thread_candidates",
     "usable_cores",
 ]

@@ -25,10 +25,14 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from .._errors import Cancelled
-from ..belt import EndReason, Producer
+from .._errors import Cancelled, IllegalState
+from ..belt import EndReason, Producer, producing
 from ._request import GenerationRequest
 from ._statistics import EngineStatistics
+
+#: what an engine calls once a request has ended, before its release (the scheduler
+#: frees the request's slot there)
+OnExit = Callable[[], None]
 
 
 @runtime_checkable
@@ -52,10 +56,7 @@ class LoopEngine(Protocol):
         ...
 
     def start(
-        self,
-        request: GenerationRequest,
-        producer: Producer[str],
-        on_exit: Callable[[], None] | None = None,
+        self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
     ) -> None:
         """Hand a request to the engine; never blocks (safe under the scheduler's lock).
 
@@ -80,6 +81,15 @@ class LoopEngine(Protocol):
 Engine = LoopEngine
 
 
+def check_can_start(closed: bool, running: int, slots: int, what: str) -> None:
+    """The rule every loop engine's ``start`` keeps: raise ``IllegalState`` when the
+    engine is closed or when ``slots`` requests (``what``) already run."""
+    if closed:
+        raise IllegalState("the engine is closed")
+    if running >= slots:
+        raise IllegalState(f"all {slots} {what} are in use")
+
+
 class OnThreads:
     """The loop shape for an engine whose ``generate`` blocks: one slot, and each started
     request runs ``generate`` on a producer thread of its own.
@@ -102,10 +112,7 @@ class OnThreads:
         raise NotImplementedError
 
     def start(
-        self,
-        request: GenerationRequest,
-        producer: Producer[str],
-        on_exit: Callable[[], None] | None = None,
+        self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
     ) -> None:
         """Run ``generate`` for ``request`` on a new producer thread; never blocks."""
         thread = threading.Thread(
@@ -123,24 +130,10 @@ class OnThreads:
         self,
         request: GenerationRequest,
         producer: Producer[str],
-        on_exit: Callable[[], None] | None,
+        on_exit: OnExit | None,
     ) -> None:
-        producer.start()
-        try:
+        with producing(producer, on_exit):
             producer.finish(self.generate(request, producer) or EndReason.STOP)
-        except Cancelled as exc:
-            producer.cancel(exc.reason)
-        except Exception as exc:
-            producer.fail(exc)
-        except BaseException:
-            producer.cancel(EndReason.SHUTDOWN)
-            raise
-        finally:
-            try:
-                if on_exit is not None:
-                    on_exit()
-            finally:
-                producer.release()
 
     def statistics(self) -> EngineStatistics:
         with self._threads_lock:

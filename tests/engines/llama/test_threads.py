@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tokenbelt import InvalidArgument, Runtime
-from tokenbelt.engines import ThreadTuner, thread_candidates
+from tokenbelt.engines.llama._threads import ThreadTuner, thread_candidates
 
 
 def test_candidates_are_all_cores_one_fewer_and_half() -> None:

@@ -21,11 +21,8 @@ from ._loading import check_gguf_file, load_with_deadline
 from ._native import chat_formatter, load_vocab, prompt_tokens, template_tools
 from ._single import LlamaEngine
 from ._threads import (
-    ThreadTuner,
     check_threads,
     default_threads,
-    system_load,
-    thread_candidates,
     usable_cores,
 )
 
@@ -37,7 +34,6 @@ __all__ = [
     "GrammarSampler",
     "KeptPrompts",
     "LlamaEngine",
-    "ThreadTuner",
     "chat_formatter",
     "check_enforceable",
     "check_fits",
@@ -55,8 +51,6 @@ __all__ = [
     "quiet_native_logs",
     "schema_cache_info",
     "schema_grammar",
-    "system_load",
     "template_tools",
-    "thread_candidates",
     "usable_cores",
 ]

@@ -54,12 +54,12 @@ from ..._errors import (
     PromptTooLong,
 )
 from ...belt import EndReason, Producer
-from .._base import run_to_end
+from .._base import OnExit, check_can_start, run_to_end
 from .._request import GenerationRequest, Piece, SamplingParams, TokenLogprob
 from .._statistics import BatchStatistics
 from ._binding import flag_abort_callback, quiet_native_logs
 from ._grammar import GrammarSampler, check_grammar
-from ._loading import check_gguf_file, load_with_deadline
+from ._loading import check_gguf_file, load_gguf
 from ._native import StopMatcher, chat_formatter, held_back, prompt_tokens, template_tools
 from ._threads import (
     ThreadTuner,
@@ -357,13 +357,7 @@ class BatchEngine:
         cls, model_path: str | Path, *, load_timeout: float | None = None, **options: Any
     ) -> BatchEngine:
         """Load under ``load_timeout`` seconds; raises ``LoadTimeout`` or ``ModelLoadError``."""
-        check_gguf_file(model_path)
-        return load_with_deadline(
-            lambda: cls(model_path, **options),
-            load_timeout,
-            what=Path(model_path).name,
-            on_late=lambda engine: engine.close(),
-        )
+        return load_gguf(lambda: cls(model_path, **options), model_path, load_timeout)
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -393,18 +387,12 @@ class BatchEngine:
     # -- requests ----------------------------------------------------------------------------
 
     def start(
-        self,
-        request: GenerationRequest,
-        producer: Producer[str],
-        on_exit: Callable[[], None] | None = None,
+        self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
     ) -> None:
         """Hand a request to the loop; never blocks. Raises ``IllegalState`` when full."""
         seq = _Seq(request, producer, on_exit or (lambda: None))
         with self._cond:
-            if self._closed:
-                raise IllegalState("the engine is closed")
-            if self._started >= self.slots:
-                raise IllegalState(f"all {self.slots} sequences are in use")
+            check_can_start(self._closed, self._started, self.slots, "sequences")
             self._started += 1
             self._inbox.append(seq)
             self._wake = True

@@ -6,13 +6,19 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ..._errors import LoadTimeout, ModelLoadError
 
 logger = logging.getLogger("tokenbelt.engines")
 
 T = TypeVar("T")
+E = TypeVar("E", bound="_Closable")
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
 
 GGUF_MAGIC = b"GGUF"
 
@@ -82,3 +88,13 @@ def load_with_deadline(
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def load_gguf(make: Callable[[], E], model_path: str | Path, load_timeout: float | None) -> E:
+    """Check the GGUF file, then build an engine with ``make`` under ``load_timeout``
+    seconds; raises ``LoadTimeout`` or ``ModelLoadError``. An engine that finishes
+    loading after the deadline is closed."""
+    check_gguf_file(model_path)
+    return load_with_deadline(
+        make, load_timeout, what=Path(model_path).name, on_late=lambda engine: engine.close()
+    )

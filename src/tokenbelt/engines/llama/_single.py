@@ -34,7 +34,7 @@ from ...belt import EndReason, Producer
 from .._base import OnThreads
 from .._request import GenerationRequest, SamplingParams, refuse, refuse_grammar
 from ._binding import flag_abort_callback, quiet_native_logs
-from ._loading import check_gguf_file, load_with_deadline
+from ._loading import check_gguf_file, load_gguf
 from ._native import StopMatcher, chat_formatter, held_back, prompt_tokens, template_tools
 
 logger = logging.getLogger("tokenbelt.engines.llama")
@@ -101,13 +101,7 @@ class LlamaEngine(OnThreads):
         cls, model_path: str | Path, *, load_timeout: float | None = None, **options: Any
     ) -> LlamaEngine:
         """Load under ``load_timeout`` seconds; raises ``LoadTimeout`` or ``ModelLoadError``."""
-        check_gguf_file(model_path)
-        return load_with_deadline(
-            lambda: cls(model_path, **options),
-            load_timeout,
-            what=Path(model_path).name,
-            on_late=lambda engine: engine.close(),
-        )
+        return load_gguf(lambda: cls(model_path, **options), model_path, load_timeout)
 
     # -- prompts -----------------------------------------------------------------------------
 

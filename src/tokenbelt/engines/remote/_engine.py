@@ -44,9 +44,9 @@ from typing import Any
 
 import aiohttp
 
-from ..._errors import Cancelled, IllegalState, UpstreamError, UpstreamUnavailable
+from ..._errors import Cancelled, UpstreamError, UpstreamUnavailable
 from ...belt import EndReason, Producer
-from .._base import run_to_end
+from .._base import OnExit, check_can_start, run_to_end
 from .._request import GenerationRequest, refuse, refuse_grammar
 from .._statistics import EngineStatistics, UpstreamStatistics
 from ._upstreams import UpstreamPool, UpstreamState
@@ -173,18 +173,12 @@ class RemoteEngine:
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))
 
     def start(
-        self,
-        request: GenerationRequest,
-        producer: Producer[str],
-        on_exit: Callable[[], None] | None = None,
+        self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
     ) -> None:
         """Hand a request to the engine's loop; never blocks."""
         job = _Job(request, producer, on_exit or (lambda: None))
         with self._lock:
-            if self._closed:
-                raise IllegalState("the engine is closed")
-            if len(self._jobs) >= self.slots:
-                raise IllegalState(f"all {self.slots} upstream slots are in use")
+            check_can_start(self._closed, len(self._jobs), self.slots, "upstream slots")
             self._jobs.add(job)
         self._loop.call_soon_threadsafe(self._spawn, job)
 

@@ -34,7 +34,6 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,28 +46,12 @@ from ..._errors import (
     WorkerCrashed,
 )
 from ...belt import EndReason, Producer, check_duration
-from .._base import run_to_end
+from .._base import OnExit, run_to_end
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
 from ..llama import check_fits, check_gguf_file
+from . import _messages as msg
 from ._jobs import Job
-from ._messages import (
-    Admit,
-    Cached,
-    Cancel,
-    Close,
-    Credit,
-    Fail,
-    Finish,
-    Item,
-    Load,
-    LoadError,
-    Prompt,
-    Ready,
-    Release,
-    Start,
-    ToParent,
-)
 from ._process import EXIT_WAIT_S, Process, describe_exit, spawn
 from ._vocab import PromptTokens
 
@@ -194,7 +177,7 @@ class WorkerEngine:
 
     def _spawn(self, crash_point: str | None = None) -> Process:
         """Start a worker process and send it the model to load; does not wait."""
-        w = spawn(next(self._numbers), Load(str(self.model_path), self._options, crash_point))
+        w = spawn(next(self._numbers), msg.Load(str(self.model_path), self._options, crash_point))
         if self.load_timeout is not None:
             w.load_by = time.monotonic() + self.load_timeout
         with self._cond:
@@ -237,12 +220,12 @@ class WorkerEngine:
         """Apply ``w``'s messages; when it ends, end the requests it held."""
         self._gone(w, w.read(functools.partial(self._handle, w)))
 
-    def _handle(self, w: Process, message: ToParent) -> None:
+    def _handle(self, w: Process, message: msg.ToParent) -> None:
         match message:
-            case Ready(info):
+            case msg.Ready(info):
                 self._ready(w, info)
                 return
-            case LoadError(error):
+            case msg.LoadError(error):
                 w.load_error = error
                 return
         job = self._jobs.get(message.rid)
@@ -250,7 +233,7 @@ class WorkerEngine:
             return
         p = job.producer
         match message:
-            case Item(_, item, tokens):
+            case msg.Item(_, item, tokens):
                 for _ in range(tokens):
                     p.count_token()
                 try:
@@ -259,25 +242,25 @@ class WorkerEngine:
                     return
                 job.received += 1
                 self._grant(job)
-            case Admit():
+            case msg.Admit():
                 p.start()
-            case Prompt(_, n):
+            case msg.Prompt(_, n):
                 p.count_prompt(n)
-            case Cached(_, n):
+            case msg.Cached(_, n):
                 p.count_cached(n)
-            case Finish(_, reason, tokens, stop_sequence):
+            case msg.Finish(_, reason, tokens, stop_sequence):
                 for _ in range(tokens):
                     p.count_token()
                 if stop_sequence is not None:
                     p.trace.stop_sequence = stop_sequence
                 p.finish(reason)
-            case Fail(_, error, tokens):
+            case msg.Fail(_, error, tokens):
                 for _ in range(tokens):
                     p.count_token()
                 p.fail(DecodeError(error))
-            case Cancel(_, reason):
+            case msg.Cancel(_, reason):
                 p.cancel(reason)
-            case Release(_, batched_with, statistics):
+            case msg.Release(_, batched_with, statistics):
                 p.trace.batched_with.update(batched_with)
                 if statistics is not None:
                     self._stats = statistics
@@ -304,7 +287,7 @@ class WorkerEngine:
         trace = job.producer.trace
         trace.worker = {"pid": w.pid}
         tokens = self._prompts.take(job.request)
-        w.post(Start(job.rid, trace.request_id, job.request, job.capacity, tokens))
+        w.post(msg.Start(job.rid, trace.request_id, job.request, job.capacity, tokens))
 
     def _gone(self, w: Process, code: int) -> None:
         """A worker process ended: end and release what it held; start another."""
@@ -375,7 +358,7 @@ class WorkerEngine:
                 delta, out = job.credit_due()
                 if delta > 0 and (out or 2 * delta >= job.capacity):
                     job.granted += delta
-                    w.post(Credit(job.rid, delta))
+                    w.post(msg.Credit(job.rid, delta))
                     return
                 if not out:
                     return
@@ -390,10 +373,7 @@ class WorkerEngine:
     # -- requests ----------------------------------------------------------------------------
 
     def start(
-        self,
-        request: GenerationRequest,
-        producer: Producer[Any],
-        on_exit: Callable[[], None] | None = None,
+        self, request: GenerationRequest, producer: Producer[Any], on_exit: OnExit | None = None
     ) -> None:
         """Hand a request to the worker; never blocks. Raises ``IllegalState`` when closed."""
         job = Job(next(self._ids), request, producer, on_exit or (lambda: None))
@@ -422,7 +402,7 @@ class WorkerEngine:
                 self._pending.remove(job)
                 del self._jobs[job.rid]
             else:
-                w.post(Cancel(job.rid, reason))
+                w.post(msg.Cancel(job.rid, reason))
                 job.stop_by = time.monotonic() + self.stop_grace
                 self._cond.notify_all()
         if w is None:
@@ -553,7 +533,7 @@ class WorkerEngine:
 
     def _stop_process(self, w: Process) -> None:
         """Ask a worker to exit and wait; kill it if it does not."""
-        w.post(Close())
+        w.post(msg.Close())
         try:
             w.popen.wait(EXIT_WAIT_S)
         except subprocess.TimeoutExpired:

@@ -17,20 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..._errors import (
-    InvalidArgument,
-    ModelLoadError,
-    ModelLoading,
-    PromptTooLong,
-    QueueFull,
-    RuntimeClosed,
-    TokenbeltError,
-    UnknownModel,
-    UpstreamError,
-)
+from ... import _errors as errors
 
 
-class UnsupportedParameter(InvalidArgument):
+class UnsupportedParameter(errors.InvalidArgument):
     """A request used a parameter tokenbelt does not support; answered 400, never ignored."""
 
     def __init__(self, param: str, why: str = "tokenbelt does not support it") -> None:
@@ -93,30 +83,30 @@ def error_response(
 
 
 def response_for(
-    exc: TokenbeltError, retry_after_s: int = 1, shape: ErrorShape = openai_shape
+    exc: errors.TokenbeltError, retry_after_s: int = 1, shape: ErrorShape = openai_shape
 ) -> JSONResponse:
     """Map a tokenbelt error to its HTTP answer."""
     answer = partial(error_response, shape=shape)
     retry = {"Retry-After": str(retry_after_s)}
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, errors.QueueFull):
         return answer(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
-    if isinstance(exc, ModelLoading):
+    if isinstance(exc, errors.ModelLoading):
         return answer(503, str(exc), "service_unavailable", "model_loading", headers=retry)
-    if isinstance(exc, ModelLoadError):
+    if isinstance(exc, errors.ModelLoadError):
         return answer(503, str(exc), "service_unavailable", "model_load_failed", param="model")
-    if isinstance(exc, RuntimeClosed):
+    if isinstance(exc, errors.RuntimeClosed):
         return answer(
             503, str(exc), "service_unavailable", "shutting_down", headers={**retry, **NO_RETRY}
         )
-    if isinstance(exc, UnknownModel):
+    if isinstance(exc, errors.UnknownModel):
         return answer(404, str(exc), "invalid_request_error", "model_not_found", param="model")
-    if isinstance(exc, PromptTooLong):
+    if isinstance(exc, errors.PromptTooLong):
         return answer(400, str(exc), "invalid_request_error", "context_length_exceeded")
     if isinstance(exc, UnsupportedParameter):
         return answer(
             400, str(exc), "invalid_request_error", "unsupported_parameter", param=exc.param
         )
-    if isinstance(exc, InvalidArgument):
+    if isinstance(exc, errors.InvalidArgument):
         return answer(400, str(exc), "invalid_request_error", "invalid_value", param=exc.param)
     return answer(500, str(exc), "server_error", "internal_error")
 
@@ -127,7 +117,7 @@ def failure(exc: BaseException) -> tuple[int, str, str]:
     An upstream's 4xx passes through with its status; any other upstream failure is a
     502; anything else a 500.
     """
-    if isinstance(exc, UpstreamError):
+    if isinstance(exc, errors.UpstreamError):
         if exc.status is not None and 400 <= exc.status < 500:
             return exc.status, "invalid_request_error", f"upstream_{exc.status}"
         return 502, "upstream_error", "upstream_error"
@@ -194,8 +184,8 @@ def install(app: FastAPI, dialects: Dialects) -> None:
             shape=shape(request),
         )
 
-    @app.exception_handler(TokenbeltError)
-    async def tokenbelt_error(request: Request, exc: TokenbeltError) -> JSONResponse:
+    @app.exception_handler(errors.TokenbeltError)
+    async def tokenbelt_error(request: Request, exc: errors.TokenbeltError) -> JSONResponse:
         retry_after_s = request.app.state.tokenbelt.settings.retry_after_s
         return response_for(exc, retry_after_s, shape(request))
 

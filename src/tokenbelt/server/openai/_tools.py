@@ -18,18 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument
 from ...engines import Grammar, Message, json_object_grammar, schema_grammar
-from ...runtime import (
-    CallStream,
-    Tool,
-    ToolCall,
-    check_choice,
-    new_call_id,
-    parse_tool_calls,
-    render_messages,
-    tools_from,
-    tools_grammar,
-    tools_json,
-)
+from ...runtime import Tool, ToolCall, structured
 from ..core import UnsupportedParameter
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -129,12 +118,12 @@ def plan(
     schema cannot be compiled, before any compute. ``template_tools``: the model's chat
     template renders tools itself, so they go to it rather than into the system text."""
     try:
-        found = tools_from(t.model_dump(exclude_none=True) for t in tools or ())
+        found = structured.tools_from(t.model_dump(exclude_none=True) for t in tools or ())
     except InvalidArgument as exc:
         raise UnsupportedParameter("tools", str(exc)) from exc
     choice_value = tool_choice.model_dump() if isinstance(tool_choice, BaseModel) else tool_choice
     try:
-        choice = check_choice(choice_value, found)
+        choice = structured.check_choice(choice_value, found)
     except InvalidArgument as exc:
         raise UnsupportedParameter("tool_choice", str(exc)) from exc
     fmt = response_format.type if response_format is not None else "text"
@@ -143,10 +132,10 @@ def plan(
             "response_format", "use either a JSON response_format or tools, not both"
         )
     result = Plan(
-        render_messages(messages, found, choice, template_tools),
+        structured.render_messages(messages, found, choice, template_tools),
         tools=found,
         choice=choice,
-        tools_json=tools_json(found, choice, template_tools),
+        tools_json=structured.tools_json(found, choice, template_tools),
     )
     try:
         if fmt == "json_object":
@@ -158,7 +147,7 @@ def plan(
             schema = spec.schema_ if spec.schema_ is not None else {"type": "object"}
             result.grammar = schema_grammar(schema)
         else:
-            result.grammar = tools_grammar(found, choice)
+            result.grammar = structured.tools_grammar(found, choice)
     except InvalidArgument as exc:
         raise UnsupportedParameter(
             "tools" if fmt == "text" else "response_format", str(exc)
@@ -170,7 +159,7 @@ def message(text: str, p: Plan) -> dict[str, Any]:
     """The ``message`` of a non-streamed answer; fills ``p.calls``."""
     if not p.with_tools:
         return {"role": "assistant", "content": text}
-    content, p.calls = parse_tool_calls(text, p.tools)
+    content, p.calls = structured.parse_tool_calls(text, p.tools)
     if not p.calls:
         return {"role": "assistant", "content": text}
     return {
@@ -185,8 +174,8 @@ class Deltas:
 
     def __init__(self, p: Plan) -> None:
         self.plan = p
-        self._calls = CallStream(constrained=p.choice not in ("auto", "none"))
-        self._id = new_call_id()
+        self._calls = structured.CallStream(constrained=p.choice not in ("auto", "none"))
+        self._id = structured.new_call_id()
 
     def _shape(self, events: list[tuple[str, str]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
