@@ -17,7 +17,7 @@ import pytest
 from serving import serve_default_model
 from tokenbelt.models import default_model_path
 
-from .test_chat import LONG, NET_S, PROMPT, STATUS, chat
+from .test_chat import LONG, NET_S, PROMPT, STATUS, WORDY, chat
 
 pytestmark = pytest.mark.model
 
@@ -89,7 +89,7 @@ def test_model_switches_and_the_chat_goes_on() -> None:
 
 def test_typing_during_a_reply_becomes_the_next_draft_never_a_sent_message() -> None:
     """Keys pressed mid-reply (Enter included) are held: no echo, no ^C, no hidden send."""
-    with chat("--max-tokens", "4000") as child:
+    with chat("--max-tokens", "4000", *WORDY) as child:
         child.expect_exact(PROMPT)
         child.sendline(LONG)
         child.expect_exact("lighthouse keeper.")
