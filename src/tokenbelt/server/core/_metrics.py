@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from ...belt import EndReason, TraceEvent, invariants
-from ...engines import BatchStatistics, UpstreamStatistics, WorkerStatistics
+from ...engines import BatchStatistics, EngineStatistics, UpstreamStatistics, WorkerStatistics
 from ...runtime import SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
@@ -40,15 +40,11 @@ class Metrics:
     def __init__(
         self,
         stats: Callable[[], dict[str, SchedulerStatistics]],
-        batches: Callable[[], dict[str, BatchStatistics]] = dict,
-        upstreams: Callable[[], dict[str, list[UpstreamStatistics]]] = dict,
-        workers: Callable[[], dict[str, WorkerStatistics]] = dict,
+        engines: Callable[[], list[tuple[str, EngineStatistics]]] = list,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        r.register(_BatchCollector(batches))
-        r.register(_UpstreamCollector(upstreams))
-        r.register(_WorkerCollector(workers))
+        r.register(_EngineCollector(engines))
         self.queue_time = Histogram(
             "tokenbelt_queue_time_seconds",
             "Time from enqueue to admission.",
@@ -167,131 +163,142 @@ class Metrics:
         request_log.info("%s", json.dumps({"event": "request", "api": api, **t.to_dict()}))
 
 
-class _BatchCollector(Collector):
-    """The batch engines' own counters, read at scrape time (they count every step)."""
+class _EngineCollector(Collector):
+    """Every engine's own counters, read at scrape time from one snapshot per scrape
+    (``statistics()`` of a worker engine reads its process's memory): the batch
+    engines' steps, remote engines' upstreams, worker processes."""
 
-    def __init__(self, batches: Callable[[], dict[str, BatchStatistics]]) -> None:
-        self._batches = batches
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        series: dict[str, tuple[str, str]] = {
-            "steps": ("steps", "Batched decode steps."),
-            "step_sequences": (
-                "sequences_stepped",
-                "Sequences summed over batched steps (divide by steps: sequences per step).",
-            ),
-            "step_tokens": (
-                "tokens_stepped",
-                "Tokens summed over batched steps (divide by steps: tokens per step).",
-            ),
-            "aborted_steps": ("aborted_steps", "Steps aborted for a stop."),
-            "prefix_cache_hits": (
-                "prefix_hits",
-                "Requests that reused KV cells from the prefix cache.",
-            ),
-            "prefix_cached_tokens": (
-                "prefix_cached_tokens",
-                "Prompt tokens taken from the prefix cache instead of computed.",
-            ),
-        }
-        batches = self._batches()
-        for name, (field, doc) in series.items():
-            family = CounterMetricFamily(f"tokenbelt_batch_{name}", doc, labels=["model"])
-            for model, b in batches.items():
-                family.add_metric([model], getattr(b, field))
-            yield family
-        threads = GaugeMetricFamily(
-            "tokenbelt_engine_threads", "llama.cpp threads of the latest step.", labels=["model"]
-        )
-        for model, b in batches.items():
-            threads.add_metric([model], b.threads)
-        yield threads
-        if invariants.enabled:
-            yield CounterMetricFamily(
-                "tokenbelt_invariant_violations",
-                "Timeline invariants broken (checked with --check-invariants).",
-                value=invariants.count(),
-            )
-
-
-class _UpstreamCollector(Collector):
-    """Remote engines' upstreams, read at scrape time: load, errors, ejections, TTFT."""
-
-    def __init__(self, upstreams: Callable[[], dict[str, list[UpstreamStatistics]]]) -> None:
-        self._upstreams = upstreams
+    def __init__(self, engines: Callable[[], list[tuple[str, EngineStatistics]]]) -> None:
+        self._engines = engines
 
     def collect(
         self,
     ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
-        labels = ["model", "upstream"]
-        in_flight = GaugeMetricFamily(
-            "tokenbelt_upstream_in_flight", "Requests an upstream holds now.", labels=labels
+        snapshot = self._engines()
+        yield from _batch_families(
+            {name: s for name, s in snapshot if isinstance(s, BatchStatistics)}
         )
-        ejected = GaugeMetricFamily(
-            "tokenbelt_upstream_ejected", "1 while an upstream is taken out.", labels=labels
+        yield from _upstream_families(
+            {name: list(s.upstreams) for name, s in snapshot if s.upstreams is not None}
         )
-        requests = CounterMetricFamily(
-            "tokenbelt_upstream_requests", "Requests sent to an upstream.", labels=labels
+        yield from _worker_families(
+            {name: s.worker for name, s in snapshot if s.worker is not None}
         )
-        errors = CounterMetricFamily(
-            "tokenbelt_upstream_errors", "Requests an upstream refused or failed.", labels=labels
-        )
-        ejections = CounterMetricFamily(
-            "tokenbelt_upstream_ejections", "Times an upstream was taken out.", labels=labels
-        )
-        ttft = SummaryMetricFamily(
-            "tokenbelt_upstream_time_to_first_token_seconds",
-            "Seconds from sending a request to an upstream to its first token.",
-            labels=labels,
-        )
-        for model, ups in self._upstreams().items():
-            for u in ups:
-                key = [model, u.url]
-                in_flight.add_metric(key, u.in_flight)
-                ejected.add_metric(key, 1 if u.ejected else 0)
-                requests.add_metric(key, u.requests)
-                errors.add_metric(key, u.errors)
-                ejections.add_metric(key, u.ejections)
-                ttft.add_metric(key, u.ttft_count, u.ttft_sum)
-        yield from (in_flight, ejected, requests, errors, ejections, ttft)
 
 
-class _WorkerCollector(Collector):
-    """Engine worker processes, read at scrape time: pid, memory, restarts, last crash."""
+def _batch_families(
+    batches: dict[str, BatchStatistics],
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The batch engines' counters (they count every step)."""
+    series: dict[str, tuple[str, str]] = {
+        "steps": ("steps", "Batched decode steps."),
+        "step_sequences": (
+            "sequences_stepped",
+            "Sequences summed over batched steps (divide by steps: sequences per step).",
+        ),
+        "step_tokens": (
+            "tokens_stepped",
+            "Tokens summed over batched steps (divide by steps: tokens per step).",
+        ),
+        "aborted_steps": ("aborted_steps", "Steps aborted for a stop."),
+        "prefix_cache_hits": (
+            "prefix_hits",
+            "Requests that reused KV cells from the prefix cache.",
+        ),
+        "prefix_cached_tokens": (
+            "prefix_cached_tokens",
+            "Prompt tokens taken from the prefix cache instead of computed.",
+        ),
+    }
+    for name, (field, doc) in series.items():
+        family = CounterMetricFamily(f"tokenbelt_batch_{name}", doc, labels=["model"])
+        for model, b in batches.items():
+            family.add_metric([model], getattr(b, field))
+        yield family
+    threads = GaugeMetricFamily(
+        "tokenbelt_engine_threads", "llama.cpp threads of the latest step.", labels=["model"]
+    )
+    for model, b in batches.items():
+        threads.add_metric([model], b.threads)
+    yield threads
+    if invariants.enabled:
+        yield CounterMetricFamily(
+            "tokenbelt_invariant_violations",
+            "Timeline invariants broken (checked with --check-invariants).",
+            value=invariants.count(),
+        )
 
-    def __init__(self, workers: Callable[[], dict[str, WorkerStatistics]]) -> None:
-        self._workers = workers
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        labels = ["model"]
-        up = GaugeMetricFamily(
-            "tokenbelt_worker_up", "1 while a model's worker process is ready.", labels=labels
-        )
-        pid = GaugeMetricFamily(
-            "tokenbelt_worker_pid", "Process id of a model's worker process.", labels=labels
-        )
-        rss = GaugeMetricFamily(
-            "tokenbelt_worker_resident_memory_bytes",
-            "Resident memory of a model's worker process.",
-            labels=labels,
-        )
-        restarts = CounterMetricFamily(
-            "tokenbelt_worker_restarts",
-            "Worker processes started after the first (each after a crash).",
-            labels=labels,
-        )
-        crash = GaugeMetricFamily(
-            "tokenbelt_worker_last_crash_info",
-            "Why a model's latest worker process died (the label); always 1.",
-            labels=["model", "cause"],
-        )
-        for model, w in self._workers().items():
-            up.add_metric([model], 1 if w.state == "ready" else 0)
-            if w.pid is not None:
-                pid.add_metric([model], w.pid)
-            if w.rss_bytes is not None:
-                rss.add_metric([model], w.rss_bytes)
-            restarts.add_metric([model], w.restarts)
-            if w.last_crash is not None:
-                crash.add_metric([model, w.last_crash], 1)
-        yield from (up, pid, rss, restarts, crash)
+def _upstream_families(
+    upstreams: dict[str, list[UpstreamStatistics]],
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
+    """Remote engines' upstreams: load, errors, ejections, TTFT."""
+    labels = ["model", "upstream"]
+    in_flight = GaugeMetricFamily(
+        "tokenbelt_upstream_in_flight", "Requests an upstream holds now.", labels=labels
+    )
+    ejected = GaugeMetricFamily(
+        "tokenbelt_upstream_ejected", "1 while an upstream is taken out.", labels=labels
+    )
+    requests = CounterMetricFamily(
+        "tokenbelt_upstream_requests", "Requests sent to an upstream.", labels=labels
+    )
+    errors = CounterMetricFamily(
+        "tokenbelt_upstream_errors", "Requests an upstream refused or failed.", labels=labels
+    )
+    ejections = CounterMetricFamily(
+        "tokenbelt_upstream_ejections", "Times an upstream was taken out.", labels=labels
+    )
+    ttft = SummaryMetricFamily(
+        "tokenbelt_upstream_time_to_first_token_seconds",
+        "Seconds from sending a request to an upstream to its first token.",
+        labels=labels,
+    )
+    for model, ups in upstreams.items():
+        for u in ups:
+            key = [model, u.url]
+            in_flight.add_metric(key, u.in_flight)
+            ejected.add_metric(key, 1 if u.ejected else 0)
+            requests.add_metric(key, u.requests)
+            errors.add_metric(key, u.errors)
+            ejections.add_metric(key, u.ejections)
+            ttft.add_metric(key, u.ttft_count, u.ttft_sum)
+    yield from (in_flight, ejected, requests, errors, ejections, ttft)
+
+
+def _worker_families(
+    workers: dict[str, WorkerStatistics],
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Engine worker processes: pid, memory, restarts, last crash."""
+    labels = ["model"]
+    up = GaugeMetricFamily(
+        "tokenbelt_worker_up", "1 while a model's worker process is ready.", labels=labels
+    )
+    pid = GaugeMetricFamily(
+        "tokenbelt_worker_pid", "Process id of a model's worker process.", labels=labels
+    )
+    rss = GaugeMetricFamily(
+        "tokenbelt_worker_resident_memory_bytes",
+        "Resident memory of a model's worker process.",
+        labels=labels,
+    )
+    restarts = CounterMetricFamily(
+        "tokenbelt_worker_restarts",
+        "Worker processes started after the first (each after a crash).",
+        labels=labels,
+    )
+    crash = GaugeMetricFamily(
+        "tokenbelt_worker_last_crash_info",
+        "Why a model's latest worker process died (the label); always 1.",
+        labels=["model", "cause"],
+    )
+    for model, w in workers.items():
+        up.add_metric([model], 1 if w.state == "ready" else 0)
+        if w.pid is not None:
+            pid.add_metric([model], w.pid)
+        if w.rss_bytes is not None:
+            rss.add_metric([model], w.rss_bytes)
+        restarts.add_metric([model], w.restarts)
+        if w.last_crash is not None:
+            crash.add_metric([model, w.last_crash], 1)
+    yield from (up, pid, rss, restarts, crash)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
 from ...belt import Limits, Trace, TraceEvent
-from ...engines import BatchStatistics, EngineStatistics, WorkerStatistics
+from ...engines import EngineStatistics, WorkerStatistics
 from ...runtime import Model, ModelState, Runtime, Stream
 from ._metrics import Metrics
 from ._middleware import Caller
@@ -120,15 +120,7 @@ class ServerState:
         self._owners: dict[str, str] = {}
         self.metrics = Metrics(
             lambda: {name: m.statistics() for name, m in runtime.models.items()},
-            lambda: {
-                name: s for name, s in self._engine_statistics() if isinstance(s, BatchStatistics)
-            },
-            lambda: {
-                name: list(s.upstreams)
-                for name, s in self._engine_statistics()
-                if s.upstreams is not None
-            },
-            self.workers,
+            self._engine_statistics,
         )
         runtime.subscribe(self.metrics.observe)
         runtime.subscribe(self._remember)
