@@ -171,8 +171,10 @@ def test_a_chunked_body_over_the_limit_is_413(served: Served) -> None:
 
 def test_unknown_routes_and_methods_are_openai_errors(served: Served) -> None:
     missing = httpx.get(f"{served.url}/v1/nope", timeout=NET)
-    assert_openai_error(missing, 404, None, None)
+    assert_openai_error(missing, 404, "route_not_found", None)
+    assert "GET /v1/nope" in missing.json()["error"]["message"]
     wrong = httpx.delete(f"{served.url}{CHAT}", timeout=NET)
-    assert_openai_error(wrong, 405, None, None)
+    assert_openai_error(wrong, 405, "method_not_allowed", None)
+    assert "DELETE" in wrong.json()["error"]["message"]
     assert "POST" in wrong.headers["allow"]
     assert_still_serving(served)

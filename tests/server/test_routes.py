@@ -36,6 +36,7 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
             "reason": None,
             "models": {"scripted": "ready"},
             "loads": {},
+            "responses_store": {"enabled": False, "budget_bytes": 0, "ttl_s": 3600.0},
         }
 
         paths = client.get("/openapi.json").json()["paths"]

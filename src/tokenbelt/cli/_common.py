@@ -99,6 +99,33 @@ def non_negative_int(text: str) -> int:
     return _convert(text, lambda t: _non_negative(int(t)))
 
 
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
+
+
+def _bytes(text: str) -> int:
+    number = text.strip().lower().rstrip("bikmg")
+    unit = text.strip().lower()[len(number) :]
+    if unit not in _UNITS or not number:
+        raise InvalidArgument(
+            f"a size is a number with an optional unit (64MiB, 500kB), got {text!r}"
+        )
+    return _non_negative(int(float(number) * _UNITS[unit]))
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes >= 0, with an optional unit: ``64MiB``, ``500kB``, ``1GB``."""
+    return _convert(text, _bytes)
+
+
 def duration(text: str) -> float:
     """A finite number >= 0 (seconds or milliseconds, as the flag says)."""
     return _convert(text, lambda t: check_duration("value", float(t)) or 0.0)

@@ -22,6 +22,7 @@ from ._common import (
     Parser,
     add_isolation_options,
     add_thread_options,
+    byte_size,
     duration,
     fail,
     missing_model_file,
@@ -204,6 +205,22 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "close its connection (default 30; 0 = never)",
     )
     p.add_argument(
+        "--responses-store",
+        type=byte_size,
+        default=0,
+        metavar="SIZE",
+        help="keep /v1/responses objects within SIZE bytes (64MiB, 500kB...) for "
+        "previous_response_id, GET, background and resumed streams (default 0: none, the "
+        "server is stateless and says so)",
+    )
+    p.add_argument(
+        "--responses-ttl",
+        type=positive_duration,
+        default=3600.0,
+        metavar="S",
+        help="forget a stored response S seconds after its last use (default 3600)",
+    )
+    p.add_argument(
         "--read-timeout",
         type=duration,
         default=30.0,
@@ -307,6 +324,8 @@ def _settings(args: argparse.Namespace, keys: list[str]) -> ServerSettings:
         allowed_hosts=allowed_hosts(args.host, args.allowed_host),
         reader_timeout=args.reader_timeout or None,
         read_timeout=args.read_timeout or None,
+        responses_store_bytes=args.responses_store,
+        responses_ttl_s=args.responses_ttl,
     )
 
 

@@ -2,7 +2,7 @@
 
 Nothing here answers a request. The serving core (``core``) holds what every API
 shares, ``RequestPath`` and tokenbelt's own routes among it; each dialect (``openai``,
-``ollama``, ``anthropic``) is a folder with a module-level router, included here.
+``responses``, ``ollama``, ``anthropic``) is a folder with a module-level router, included here.
 Adding a dialect means adding a folder and one ``include_router``.
 """
 
@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from .. import __version__
 from ..runtime import Runtime
-from . import _openapi, anthropic, ollama, openai
+from . import _openapi, anthropic, ollama, openai, responses
 from .core import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
@@ -108,12 +108,18 @@ def create_app(
     )
     app.state.tokenbelt = state
     app.state.tokenbelt_path = RequestPath(state)
+    memory = responses.Responses(
+        responses.Store(settings.responses_store_bytes, settings.responses_ttl_s)
+    )
+    app.state.tokenbelt_responses = memory
+    state.metrics.registry.register(memory.collector())
     _add_middleware(app, settings, state)
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_api_route("/", index, include_in_schema=False)
     app.include_router(control_router)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(ollama.router)
     app.include_router(anthropic.router)
     _openapi.install(app)

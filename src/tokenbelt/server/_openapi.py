@@ -19,7 +19,14 @@ from .core import PROTECTED
 
 #: the routes that submit a generation (admission, deadlines, engine failures)
 GENERATING = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", anthropic.PREFIX}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/api/chat",
+        "/api/generate",
+        anthropic.PREFIX,
+    }
 )
 
 _WHY = {

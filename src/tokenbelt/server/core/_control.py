@@ -39,6 +39,12 @@ async def health(path: Serving) -> JSONResponse:
         "reason": reason,
         "models": {name: m.state.value for name, m in state.runtime.models.items()},
         "loads": {a: s.to_dict() for a, s in state.loads.items()},
+        # /v1/responses keeps nothing unless the server was given a store
+        "responses_store": {
+            "enabled": state.settings.responses_store_bytes > 0,
+            "budget_bytes": state.settings.responses_store_bytes,
+            "ttl_s": state.settings.responses_ttl_s,
+        },
     }
     workers = {name: dataclasses.asdict(w) for name, w in state.workers().items()}
     if workers:  # models in worker processes: pid, memory, restarts, last crash

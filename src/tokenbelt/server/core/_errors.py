@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from ... import _errors as errors
+from ._missing import missing
 
 
 class UnsupportedParameter(errors.InvalidArgument):
@@ -124,9 +125,18 @@ def failure(exc: BaseException) -> tuple[int, str, str]:
     return 500, "server_error", "runtime_error"
 
 
+_BRANCHES = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
+
+
+def _branch(part: object) -> bool:
+    """A step of a location that names a union's branch, not a field (``list[...]``)."""
+    text = str(part)
+    return text in _BRANCHES or "[" in text
+
+
 def _where(err: Any) -> str:
     """The field an error is about; a bad tag of a union names the tag's field."""
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body" and not _branch(p)]
     if err.get("type") == "union_tag_invalid":
         loc.append(str(err.get("ctx", {}).get("discriminator", "")).strip("'"))
     return ".".join(loc)
@@ -161,6 +171,8 @@ def install(app: FastAPI, dialects: Dialects) -> None:
                 "invalid_json",
                 shape=shape(request),
             )
+        # The deepest first: of a union's branches, the one that got furthest says most.
+        errors.sort(key=lambda e: -len(e.get("loc", ())))
         first = errors[0] if errors else {}
         param = _where(first) or None
         # 400 as OpenAI answers a bad body (its SDK raises ``BadRequestError``), not 422.
@@ -175,6 +187,22 @@ def install(app: FastAPI, dialects: Dialects) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404 and exc.detail == "Not Found":  # no route: say which
+            status, message = missing(request.method, request.url.path)
+            code = "not_implemented" if status == 501 else "route_not_found"
+            return error_response(
+                status, message, "invalid_request_error", code, shape=shape(request)
+            )
+        if exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}"
+            return error_response(
+                405,
+                message,
+                "invalid_request_error",
+                "method_not_allowed",
+                headers=dict(exc.headers) if exc.headers else None,
+                shape=shape(request),
+            )
         return error_response(
             exc.status_code,
             str(exc.detail),

@@ -48,6 +48,11 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     recent_requests: int = 200
     retry_after_s: int = 1
+    #: bytes of ``/v1/responses`` objects kept for ``previous_response_id`` and ``GET``
+    #: (0, the default: none; the server is stateless and says so)
+    responses_store_bytes: int = 0
+    #: seconds a stored response is kept after it was last used
+    responses_ttl_s: float = 3600.0
     #: seconds a stream's socket may accept nothing before it ends ``reader_timeout``
     reader_timeout: float | None = 30.0
     #: seconds for a request's head and body to arrive before the connection is closed
@@ -61,6 +66,10 @@ class ServerSettings:
                 raise InvalidArgument("an API key is blank: give a key, or none")
             if key != key.strip():
                 raise InvalidArgument("an API key starts or ends with white space")
+        if self.responses_store_bytes < 0:
+            raise InvalidArgument("responses_store_bytes must be >= 0 (0: no store)")
+        if not self.responses_ttl_s > 0:
+            raise InvalidArgument("responses_ttl_s must be > 0 seconds")
         for name in ("reader_timeout", "read_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:

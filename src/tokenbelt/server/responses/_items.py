@@ -1,0 +1,125 @@
+"""Responses items, both ways: input items as chat turns, a reply as output items.
+
+The chat machinery (``openai._tools``) takes OpenAI chat messages as plain dicts; input
+items become exactly those. An assistant ``message`` and the ``function_call`` items
+after it are one assistant turn (its text, then its calls); a ``function_call_output``
+is a ``tool`` turn. Items are kept as JSON-ready dicts, the shape ``input_items``
+lists and a stored conversation replays.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..core import UnsupportedParameter
+from ._schemas import FunctionCallItem, FunctionCallOutputItem, Item, MessageItem
+
+#: content part types that hold an image or a file (a 400 naming the missing vision)
+_MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio", "image_url"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _text(content: str | list[dict[str, Any]], where: str, model: str) -> str:
+    """A string, or text parts joined with newlines (as the chat route joins them)."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        here = f"{where}.{j}"
+        if kind in _MEDIA_PARTS:
+            raise UnsupportedParameter(
+                here, f"{model} has no vision: it reads text only, so it cannot see {kind}"
+            )
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+            continue
+        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise UnsupportedParameter(
+                here, f"content parts of type {kind!r}; {model} reads text parts only"
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def items_from(given: str | Sequence[Item]) -> list[dict[str, Any]]:
+    """The request's ``input`` as stored items (each with an id), checked for type."""
+    if isinstance(given, str):
+        given = [MessageItem(role="user", content=given, id=None)]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(given):
+        if not isinstance(item, MessageItem | FunctionCallItem | FunctionCallOutputItem):
+            raise UnsupportedParameter(
+                f"input.{i}.type",
+                f"input items of type {item.type!r}: tokenbelt reads message, function_call "
+                "and function_call_output items",
+            )
+        entry = _dump(item)
+        if entry.get("id") is None:
+            prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+            entry["id"] = new_id(prefix[entry["type"]])
+        if isinstance(item, MessageItem) and isinstance(item.content, str):
+            part = "output_text" if item.role == "assistant" else "input_text"
+            entry["content"] = [{"type": part, "text": item.content}]
+        out.append(entry)
+    return out
+
+
+def _dump(item: BaseModel) -> dict[str, Any]:
+    return item.model_dump(exclude_none=True, by_alias=True)
+
+
+def messages_from(items: Sequence[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """Items as the chat messages the tool planner takes."""
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        kind = item["type"]
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            text = _text(item["content"], f"input.{i}.content", model)
+            out.append({"role": role, "content": text})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        else:
+            text = _text(item["output"], f"input.{i}.output", model)
+            out.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
+    return out
+
+
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [part] if text or status != "in_progress" else [],
+    }
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }

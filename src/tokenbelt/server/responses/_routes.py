@@ -1,0 +1,454 @@
+"""The Responses dialect: ``/v1/responses`` and the routes of one response.
+
+``POST /v1/responses`` translates the body into the same chat request the chat route
+makes (``openai._tools.plan``: the same prompt, grammar and call parsing), submits it
+through the serving core, and answers with a ``Turn``'s events or its final object.
+A ``background`` response is read by a task of its own into the store; every
+response in flight can be cancelled by id, whoever is (or is not) reading it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Header, Query, Request
+from starlette.responses import JSONResponse, Response
+
+from ..._defaults import DEFAULT_MAX_TOKENS
+from ..._errors import InvalidArgument
+from ...belt import EndReason
+from ...engines import GenerationRequest
+from ...runtime import Model, Stream, sampling_from
+from ..core import (
+    CALLER,
+    RELEASE_WAIT_S,
+    Asgi,
+    EventStreamResponse,
+    RequestPath,
+    Serving,
+    UnsupportedParameter,
+    compact_json,
+    error_response,
+    openai_shape,
+)
+from ..openai import _tools
+from . import _items
+from ._schemas import FunctionTool, OtherTool, ResponseRequest
+from ._store import Entry, Gone, Responses, Running
+from ._turn import Turn
+
+API = "responses"
+router = APIRouter()
+_REQUEST_ID = Header(
+    None,
+    alias="x-request-id",
+    description="use this request id (letters, digits, ._:-, at most 64) if it is new",
+)
+#: what ``include`` may ask for: nothing this server makes (it has no reasoning items)
+_INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
+def responses_of(request: Request) -> Responses:
+    """The Responses memory of the app a request came to (a route's dependency)."""
+    found: Responses = request.app.state.tokenbelt_responses
+    return found
+
+
+Memory = Annotated[Responses, Depends(responses_of)]
+
+
+def named_sse(event: object) -> bytes:
+    """A Responses event: ``event: <type>`` and its JSON, as OpenAI sends them."""
+    assert isinstance(event, dict)
+    return f"event: {event['type']}\ndata: {compact_json(event)}\n\n".encode()
+
+
+# -- the request ---------------------------------------------------------------------------
+
+
+def _keep(body: ResponseRequest, memory: Responses) -> bool:
+    """Whether the response is stored: ``store``'s value, by default whether a store exists."""
+    enabled = memory.store.enabled
+    if body.store and not enabled:
+        raise UnsupportedParameter(
+            "store", "this server keeps no responses (start it with --responses-store SIZE)"
+        )
+    if body.background and not enabled:
+        raise UnsupportedParameter(
+            "background",
+            "a background response is kept in the response store, which is off "
+            "(start the server with --responses-store SIZE)",
+        )
+    if body.background and body.store is False:
+        raise UnsupportedParameter("background", "needs store: a background response is kept")
+    if body.previous_response_id is not None and not enabled:
+        raise UnsupportedParameter(
+            "previous_response_id",
+            "this server is stateless: it keeps no responses, so it cannot continue one "
+            "(send the whole conversation as input, or start it with --responses-store SIZE)",
+        )
+    return enabled if body.store is None else body.store
+
+
+def _plan(body: ResponseRequest, messages: list[dict[str, Any]], model: Model) -> _tools.Plan:
+    tools: list[_tools.ToolSpec] = []
+    for i, tool in enumerate(body.tools or ()):
+        if isinstance(tool, OtherTool):
+            raise UnsupportedParameter(
+                f"tools.{i}.type",
+                f"tools of type {tool.type!r}: tokenbelt runs function tools only "
+                "(the client runs them; leave built-in tools out)",
+            )
+        assert isinstance(tool, FunctionTool)
+        fn = _tools.FunctionSpec(
+            name=tool.name,
+            description=tool.description,
+            parameters=tool.parameters,
+            strict=tool.strict,
+        )
+        tools.append(_tools.ToolSpec(type="function", function=fn))
+    choice: _tools.ToolChoice | None
+    if isinstance(body.tool_choice, str) or body.tool_choice is None:
+        choice = body.tool_choice
+    else:
+        named = _tools.NamedFunction(name=body.tool_choice.name)
+        choice = _tools.NamedToolChoice(type="function", function=named)
+    fmt = body.text.format if body.text is not None else None
+    response_format = None
+    if fmt is not None and fmt.type != "text":
+        spec = None
+        if fmt.type == "json_schema":
+            if fmt.name is None:
+                raise UnsupportedParameter("text.format.name", "a json_schema format needs a name")
+            spec = _tools.JsonSchemaFormat(
+                name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict
+            )
+        response_format = _tools.ResponseFormat(type=fmt.type, json_schema=spec)
+    return _tools.plan(messages, response_format, tools or None, choice, model.template_tools)
+
+
+def _echo(body: ResponseRequest, keep: bool) -> dict[str, Any]:
+    """What a response object repeats of its request."""
+    fmt = body.text.format if body.text and body.text.format else None
+    tool_choice: Any = body.tool_choice if body.tool_choice is not None else "auto"
+    if not isinstance(tool_choice, str):
+        tool_choice = tool_choice.model_dump()
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "text": {
+            "format": fmt.model_dump(exclude_none=True, by_alias=True) if fmt else {"type": "text"}
+        },
+        "metadata": body.metadata or {},
+        "store": keep,
+        "background": body.background,
+        "previous_response_id": body.previous_response_id,
+        "truncation": "disabled",
+        "user": body.user,
+        "prompt_cache_key": body.prompt_cache_key,
+        "reasoning": None,
+    }
+
+
+def _request(body: ResponseRequest, plan: _tools.Plan) -> GenerationRequest:
+    stop = body.stop
+    sampling = sampling_from(
+        {
+            "max_tokens": body.max_output_tokens or DEFAULT_MAX_TOKENS,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "seed": body.seed,
+            "stop": [stop] if isinstance(stop, str) else stop,
+        }
+    )
+    return GenerationRequest(
+        messages=plan.messages, sampling=sampling, grammar=plan.grammar, tools=plan.tools_json
+    )
+
+
+# -- making a response ---------------------------------------------------------------------
+
+
+class _Making:
+    """One response being made: its turn, the chat deltas it is fed, where it is kept."""
+
+    def __init__(
+        self, memory: Responses, turn: Turn, stream: Stream, plan: _tools.Plan, keep: Entry | None
+    ) -> None:
+        self.memory = memory
+        self.turn = turn
+        self.stream = stream
+        self.plan = plan
+        self.deltas = _tools.Deltas(plan)
+        self.keep = keep
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        return [e for delta in self.deltas.feed(piece) for e in self.turn.feed(delta)]
+
+    def finish(self, failed: Exception | None) -> list[dict[str, Any]]:
+        events = [e for delta in self.deltas.finish() for e in self.turn.feed(delta)]
+        events += self.turn.finish(self.stream, bool(self.plan.calls), failed)
+        if self.keep is not None:
+            store = self.memory.store
+            if self.keep.running:
+                store.finish(self.turn.id, self.turn.snapshot())
+            else:
+                self.keep.response = self.turn.snapshot()
+                store.put(self.turn.id, self.keep)
+        return events
+
+    def done(self) -> None:
+        self.memory.running.pop(self.turn.id, None)
+
+    async def events(self) -> Any:
+        """Every event of the response, the terminal one last, however it ends."""
+        try:
+            for event in self.turn.start():
+                yield event
+            failed: Exception | None = None
+            try:
+                async for piece in self.stream:
+                    for event in self.feed(piece):
+                        yield event
+            except Exception as exc:
+                failed = exc
+            await self.stream.await_released(RELEASE_WAIT_S)
+            for event in self.finish(failed):
+                yield event
+        finally:
+            self.done()
+
+    async def background(self) -> None:
+        """Read the response into the store, with no reader (its budget is its bound)."""
+        try:
+            async for event in self.events():
+                await self.memory.store.append(self.turn.id, event)
+        finally:
+            self.stream.cancel(EndReason.USER_CANCEL)  # no-op once it ended
+
+
+def _cleanup_after(app: Asgi, making: _Making) -> Asgi:
+    inner = app.app
+
+    async def run(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await inner(scope, receive, send)
+        finally:
+            making.done()
+
+    return Asgi(run)
+
+
+@router.post("/v1/responses", summary="Create a response (streaming with stream=true)")
+async def create(
+    body: ResponseRequest,
+    path: Serving,
+    memory: Memory,
+    x_request_id: str | None = _REQUEST_ID,
+) -> Response:
+    model = path.state.model_for(body.model)
+    keep = _keep(body, memory)
+    for i, name in enumerate(body.include or ()):
+        if name not in _INCLUDABLE:
+            raise UnsupportedParameter(f"include.{i}", f"{name!r} is not something tokenbelt makes")
+    history: list[dict[str, Any]] = []
+    if body.previous_response_id is not None:
+        try:
+            history = memory.store.conversation(body.previous_response_id)
+        except Gone as exc:
+            return _not_here(memory, exc, param="previous_response_id")
+    items = _items.items_from(body.input)
+    messages = _items.messages_from([*history, *items], model.name)
+    if body.instructions:
+        messages.insert(0, {"role": "system", "content": body.instructions})
+    plan = _plan(body, messages, model)
+    submitted = await path.submit(
+        model, _request(body, plan), body.tokenbelt, api=API, request_id=x_request_id
+    )
+    stream = submitted.stream
+    turn = Turn("resp_" + stream.request_id.removeprefix("req_"), model.name, _echo(body, keep))
+    entry: Entry | None = None
+    if keep:
+        entry = Entry(turn.snapshot(), items, body.previous_response_id, stream.request_id)
+    making = _Making(memory, turn, stream, plan, entry)
+    running = Running(turn, stream)
+    memory.running[turn.id] = running
+    if body.background:
+        assert entry is not None
+        entry.running, entry.events = True, []
+        memory.store.put(turn.id, entry)
+        running.task = asyncio.get_running_loop().create_task(making.background())
+        return JSONResponse(turn.snapshot(), headers={"x-request-id": stream.request_id})
+    if body.stream:
+        response = path.streaming(stream, making.events(), encode=named_sse)
+        assert isinstance(response, Asgi)
+        return response
+
+    def render(s: Stream) -> dict[str, Any]:
+        making.feed(s.text)
+        making.finish(None)
+        return turn.snapshot()
+
+    answer = path.answer(stream, render, shape=openai_shape)
+    assert isinstance(answer, Asgi)
+    return _cleanup_after(answer, making)
+
+
+# -- one response --------------------------------------------------------------------------
+
+
+def _not_here(memory: Responses, exc: Gone, param: str = "response_id") -> JSONResponse:
+    why = exc.why
+    if not memory.store.enabled:
+        why = (
+            "it is not in progress, and this server keeps no responses "
+            "(start it with --responses-store SIZE to keep them)"
+        )
+    return error_response(
+        404,
+        f"no response {exc.response_id!r}: {why}",
+        "invalid_request_error",
+        "response_not_found",
+        param=param,
+    )
+
+
+def _visible(path: RequestPath, request_id: str) -> bool:
+    """With API keys, a response made with another key answers as an unknown one."""
+    return path.state.visible_to(request_id, CALLER.get())
+
+
+def _running(memory: Responses, path: RequestPath, response_id: str) -> Running | None:
+    found = memory.running.get(response_id)
+    return found if found is not None and _visible(path, found.stream.request_id) else None
+
+
+def _entry(memory: Responses, path: RequestPath, response_id: str) -> Entry:
+    entry = memory.store.get(response_id)
+    if not _visible(path, entry.request_id):
+        raise Gone(response_id, "this server never stored it (or forgot it long ago)")
+    return entry
+
+
+@router.get("/v1/responses/{response_id}", summary="A response in progress or stored")
+async def retrieve(
+    response_id: str,
+    path: Serving,
+    memory: Memory,
+    stream: bool = Query(False, description="replay a background response's events"),
+    starting_after: int | None = Query(None, ge=-1),
+) -> Response:
+    try:
+        if stream:
+            return _replay(path, _entry(memory, path, response_id), starting_after)
+        running = _running(memory, path, response_id)
+        if running is not None:
+            return JSONResponse(running.turn.snapshot())
+        return JSONResponse(_entry(memory, path, response_id).response)
+    except Gone as exc:
+        return _not_here(memory, exc)
+
+
+def _replay(path: RequestPath, entry: Entry, starting_after: int | None) -> Response:
+    if entry.events is None:
+        raise InvalidArgument(
+            "only a background response's events are kept: this one was not background",
+            param="stream",
+        )
+    after = -1 if starting_after is None else starting_after
+
+    async def events() -> Any:
+        sent = after + 1
+        while True:
+            grew = entry.grew
+            assert entry.events is not None
+            while sent < len(entry.events):
+                yield entry.events[sent]
+                sent += 1
+            if not entry.running:
+                return
+            await grew.wait()
+
+    head = {"x-request-id": entry.request_id}
+    return Asgi(
+        EventStreamResponse(
+            lambda: None,
+            events(),
+            head,
+            encode=named_sse,
+            reader_timeout=path.state.settings.reader_timeout,
+        )
+    )
+
+
+@router.delete("/v1/responses/{response_id}", summary="Delete a stored response")
+async def delete(response_id: str, path: Serving, memory: Memory) -> Response:
+    running = _running(memory, path, response_id)
+    if running is not None:
+        await _stop(running)
+    try:
+        _entry(memory, path, response_id)
+        memory.store.delete(response_id)
+    except Gone as exc:
+        return _not_here(memory, exc)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+async def _stop(running: Running) -> None:
+    running.stream.cancel(EndReason.USER_CANCEL)
+    await running.stream.await_released(RELEASE_WAIT_S)
+    with anyio.move_on_after(RELEASE_WAIT_S):
+        await running.turn.finished.wait()
+
+
+@router.post(
+    "/v1/responses/{response_id}/cancel",
+    summary="Stop a response in progress, streamed, blocking or background (user_cancel)",
+)
+async def cancel(response_id: str, path: Serving, memory: Memory) -> Response:
+    running = _running(memory, path, response_id)
+    if running is not None:
+        await _stop(running)
+        return JSONResponse(running.turn.snapshot())
+    try:
+        return JSONResponse(_entry(memory, path, response_id).response)
+    except Gone as exc:
+        return _not_here(memory, exc)
+
+
+@router.get("/v1/responses/{response_id}/input_items", summary="A stored response's input")
+async def input_items(
+    response_id: str,
+    path: Serving,
+    memory: Memory,
+    order: str = Query("desc", pattern="^(asc|desc)$"),
+    limit: int = Query(20, ge=1, le=100),
+    after: str | None = Query(None),
+) -> Response:
+    try:
+        entry = _entry(memory, path, response_id)
+    except Gone as exc:
+        return _not_here(memory, exc)
+    items = list(entry.items if order == "asc" else reversed(entry.items))
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise InvalidArgument(f"no input item {after!r} in this response", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )

@@ -1,0 +1,198 @@
+"""Request bodies of ``POST /v1/responses``, validated with pydantic.
+
+Every field the API defines that tokenbelt acts on is declared; the few that mean
+nothing to a local server are accepted and named as such; anything else is a 400
+naming it (``extra="forbid"``), so a parameter is never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from ..core import TokenbeltOptions, ranges
+
+#: a content part is checked by hand (``_items``), so an image says "no vision"
+Content = str | list[dict[str, Any]]
+Status = Literal["in_progress", "completed", "incomplete"]
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MessageItem(_Item):
+    """A turn: a string or a list of parts (``input_text``, ``output_text``, ``refusal``)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Content
+    id: str | None = Field(None, max_length=256)
+    status: Status | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class FunctionCallItem(_Item):
+    """A call the model made earlier, sent back with the conversation."""
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+    id: str | None = Field(None, max_length=256)
+    status: Status | None = None
+
+
+class FunctionCallOutputItem(_Item):
+    """A function's result, answering the call ``call_id``."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: Content
+    id: str | None = Field(None, max_length=256)
+    status: Status | None = None
+
+
+class OtherItem(BaseModel):
+    """Any other item type: answered with a 400 naming it (``_items``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def _item_type(value: Any) -> str:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "")
+    return kind if kind in ("message", "function_call", "function_call_output") else "other"
+
+
+Item = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call (Responses tools are flat: no ``function`` object)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = Field(None, description="always enforced: the grammar is strict")
+
+
+class OtherTool(BaseModel):
+    """A built-in tool type (web search, shell...): refused with a 400 naming it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def _tool_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" else "other"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    Discriminator(_tool_type),
+]
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedFunction
+
+
+class TextFormat(BaseModel):
+    """``text.format``: plain text, any JSON object, or JSON that matches a schema."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, description="always enforced: the grammar is strict")
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = Field(
+        None, description="only medium: the model's length is set by max_output_tokens"
+    )
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_obfuscation: bool | None = Field(
+        None, description="accepted, no effect: a local stream is not padded"
+    )
+
+
+class ResponseRequest(BaseModel):
+    """``POST /v1/responses``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="a loaded model's alias; default: the first")
+    input: str | list[Item] = Field(description="a string (one user turn) or a list of items")
+    instructions: str | None = Field(
+        None, description="a system turn before the input (not carried to a later response)"
+    )
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    store: bool | None = Field(
+        None,
+        description="keep the response for previous_response_id and GET: needs the server's "
+        "store (--responses-store); default: true with the store, false without",
+    )
+    background: bool = Field(False, description="run detached; needs the store")
+    previous_response_id: str | None = Field(None, max_length=256)
+    max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    temperature: ranges.Temperature = None
+    top_p: ranges.TopP = None
+    top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: none")
+    text: TextConfig | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="accepted; a reply makes at most one call"
+    )
+    max_tool_calls: int | None = Field(None, ge=1, description="a reply makes at most one call")
+    truncation: Literal["disabled"] | None = Field(
+        None, description="only disabled: an input longer than the context is a 400"
+    )
+    include: list[str] | None = Field(
+        None, max_length=16, description="only reasoning.encrypted_content (there is none)"
+    )
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = Field(None, description="accepted, no effect")
+    safety_identifier: str | None = Field(None, description="accepted, no effect")
+    service_tier: str | None = Field(None, description="accepted, no effect")
+    prompt_cache_key: str | None = Field(
+        None,
+        description="accepted: the prefix cache is always on and matches the prompt itself, "
+        "so a repeated prefix is reused whatever the key",
+    )
+    prompt_cache_retention: str | None = Field(None, description="accepted, no effect")
+    # tokenbelt's own (an extra-body field for the openai SDK)
+    seed: ranges.Seed = None
+    stop: ranges.Stop = None
+    tokenbelt: TokenbeltOptions | None = None
