@@ -255,6 +255,8 @@ async def create(
 ) -> Response:
     model = path.state.model_for(body.model)
     keep = _keep(body, memory)
+    if body.reasoning is not None:
+        raise UnsupportedParameter("reasoning", f"{model.name} has no reasoning phase")
     for i, name in enumerate(body.include or ()):
         if name not in _INCLUDABLE:
             raise UnsupportedParameter(f"include.{i}", f"{name!r} is not something tokenbelt makes")

@@ -170,6 +170,9 @@ class ResponseRequest(BaseModel):
     top_p: ranges.TopP = None
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: none")
     text: TextConfig | None = None
+    reasoning: dict[str, Any] | None = Field(
+        None, description="only null: this server's models have no reasoning phase yet"
+    )
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = Field(

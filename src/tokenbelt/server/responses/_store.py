@@ -71,6 +71,11 @@ class Entry:
     running: bool = False
     grew: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def measure(self) -> int:
+        """Its bytes: the response, its items and its events, as compact JSON."""
+        events = size_of(self.events) if self.events is not None else 0
+        return size_of(self.response) + size_of(self.items) + events
+
     def conversation_items(self) -> list[dict[str, Any]]:
         """Its input items, then its output items, as input items of a next turn."""
         output = [_as_input(item) for item in self.response.get("output", ())]
@@ -152,8 +157,7 @@ class Store:
         entry.used = self._clock()
         self._entries[response_id] = entry
         self._gone.pop(response_id, None)
-        size = size_of(entry.response) + size_of(entry.items) + size_of(entry.events or [])
-        self._resize(entry, size)
+        self._resize(entry, entry.measure())
 
     def get(self, response_id: str) -> Entry:
         """The entry (now the most recently used), or ``Gone`` saying why not."""
@@ -201,7 +205,7 @@ class Store:
             return
         entry.response = response
         entry.running = False
-        self._resize(entry, size_of(response) + size_of(entry.items) + size_of(entry.events or []))
+        self._resize(entry, entry.measure())
         entry.grew.set()
 
     async def append(self, response_id: str, event: dict[str, Any]) -> None:
