@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenbelt import EndReason, ModelState, Runtime, ScriptedEngine
+from tokenbelt import EndReason, GenerationRequest, ModelState, Runtime, ScriptedEngine
 
 from . import wait_until
 
@@ -28,3 +28,24 @@ def test_a_model_loaded_and_never_used_is_unloaded_after_the_keep_alive() -> Non
     finally:
         rt.close()
     assert all(e.closed for e in made)
+
+
+def test_counting_a_prompt_reloads_the_model_and_the_keep_alive_counts_again() -> None:
+    made: list[ScriptedEngine] = []
+
+    def factory() -> list[ScriptedEngine]:
+        made.append(ScriptedEngine(["hello"], delay=0))
+        return made[-1:]
+
+    rt = Runtime(keep_alive=0.05)
+    try:
+        model = rt.add_engines("scripted", factory)
+        wait_until(lambda: model.state is ModelState.IDLE_UNLOADED, "the idle unload")
+        request = GenerationRequest(messages=({"role": "user", "content": "two words"},))
+        assert model.count_prompt_tokens(request) == made[-1].count_prompt_tokens(request)
+        assert len(made) == 2  # loaded again to count
+        # Nothing was queued, so no request's end re-arms the timer: the count itself did.
+        wait_until(lambda: model.state is ModelState.IDLE_UNLOADED, "the idle unload")
+        assert model.statistics().queued == 0
+    finally:
+        rt.close()

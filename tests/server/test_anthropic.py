@@ -1,19 +1,31 @@
 """The official ``anthropic`` SDK, unchanged, against the real default model: messages.create
-and messages.stream, stop sequences, Anthropic-shaped errors, and leaving a stream early."""
+and messages.stream, tools, count_tokens, stop sequences, Anthropic-shaped errors, and
+leaving a stream early."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import pytest
 
 from tokenbelt import EndReason
 
-from .conftest import NET, Served, SharedServer, real_runtime, shared_server
+from .conftest import (
+    NET,
+    Served,
+    ServeFactory,
+    SharedServer,
+    StallingEngine,
+    real_runtime,
+    scripted_runtime,
+    shared_server,
+)
 
 pytestmark = pytest.mark.model
 
@@ -165,7 +177,6 @@ def test_max_tokens_is_required(client: anthropic.Anthropic, served: Served) -> 
     ("change", "status", "kind", "named"),
     [
         ({"model": "no-such-model"}, 404, "not_found_error", "no-such-model"),
-        ({"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, 400, None, "tools"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
             400,
@@ -175,7 +186,7 @@ def test_max_tokens_is_required(client: anthropic.Anthropic, served: Served) -> 
         ({"messages": [*SEA, {"role": "assistant", "content": "The"}]}, 400, None, "messages[1]"),
         ({"extra_body": {"temperature": 1.5}}, 400, None, "temperature"),
     ],
-    ids=["unknown-model", "tools", "image-block", "prefill", "temperature"],
+    ids=["unknown-model", "image-block", "prefill", "temperature"],
 )
 def test_errors_have_anthropics_shape(
     client: anthropic.Anthropic,
@@ -228,9 +239,216 @@ def test_a_cancelled_stream_says_so_in_message_delta(
                 assert httpx.post(cancel, timeout=NET).json()["cancelled"] is True
                 cancelled = True
             if event.type == "message_delta":
-                assert event.delta.stop_reason == "cancelled"  # type: ignore[comparison-overlap]
+                # Anthropic's own value for an end the caller chose; the exact one beside it.
+                assert event.delta.stop_reason == "end_turn"
                 extension = event.model_extra or {}
                 assert extension["tokenbelt"]["end_reason"] == "user_cancel"
         final = stream.get_final_message()
     assert final.usage.output_tokens == served.recorder.by_id(request_id).completion_tokens
     served.assert_released(served.recorder.by_id(request_id), EndReason.USER_CANCEL)
+
+
+def test_a_deadline_is_max_tokens_with_the_exact_reason_beside_it(serve: ServeFactory) -> None:
+    served = serve(scripted_runtime(StallingEngine([" a", " b"])))
+    body = {
+        "model": "scripted",
+        "max_tokens": 100,
+        "messages": SEA,
+        "stream": True,
+        "tokenbelt": {"stall_timeout": 0.2},
+    }
+    with httpx.stream("POST", f"{served.url}/v1/messages", json=body, timeout=NET) as answer:
+        lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    (delta,) = [json.loads(x[6:]) for x in lines if '"message_delta"' in x]
+    assert delta["delta"]["stop_reason"] == "max_tokens"  # cut short: not a finished turn
+    assert delta["tokenbelt"]["end_reason"] == "stall_timeout"
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 32},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+}
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+ANY: Any = {"type": "any"}
+
+
+def test_tool_choice_any_gives_a_tool_use_block(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    reply = client.messages.create(
+        model=name(served), max_tokens=64, messages=ASK, tools=[WEATHER], tool_choice=ANY
+    )
+    assert reply.stop_reason == "tool_use"
+    (block,) = reply.content
+    assert block.type == "tool_use"
+    assert block.name == "get_weather"
+    assert block.id.startswith("toolu_")
+    jsonschema.validate(block.input, WEATHER["input_schema"])
+
+    with client.messages.stream(
+        model=name(served), max_tokens=64, messages=ASK, tools=[WEATHER], tool_choice=ANY
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert [e.content_block.type for e in starts] == ["tool_use"]
+    partial = [
+        e.delta.partial_json  # type: ignore[union-attr]
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
+    assert len(partial) > 1
+    (used,) = final.content
+    assert used.type == "tool_use"
+    assert json.loads("".join(partial)) == used.input
+    jsonschema.validate(used.input, WEATHER["input_schema"])
+    assert final.stop_reason == "tool_use"
+
+
+def test_a_tool_result_gets_a_text_answer(client: anthropic.Anthropic, served: Served) -> None:
+    called = {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "get_weather",
+        "input": {"city": "Paris", "unit": "celsius"},
+    }
+    for result in (
+        "Sunny, 24 C",
+        [{"type": "text", "text": "Sunny, "}, {"type": "text", "text": "24 C"}],
+    ):
+        messages: Any = [
+            *ASK,
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, called]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}],
+            },
+        ]
+        reply = client.messages.create(
+            model=name(served), max_tokens=24, messages=messages, tools=[WEATHER], extra_body=GREEDY
+        )
+        assert text_of(reply)
+        assert reply.stop_reason in ("end_turn", "max_tokens")
+    # The two ways to send the result are the same prompt.
+    assert served.recorder.nth(0).prompt_tokens == served.recorder.nth(1).prompt_tokens
+    failed: Any = [
+        *messages[:2],
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": "no such city",
+                    "is_error": True,
+                }
+            ],
+        },
+    ]
+    assert text_of(
+        client.messages.create(model=name(served), max_tokens=8, messages=failed, extra_body=GREEDY)
+    )
+
+
+def test_count_tokens_is_the_requests_input_tokens(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    asks: list[dict[str, Any]] = [
+        {"messages": SEA},
+        {"messages": ASK, "system": "Be brief.", "tools": [WEATHER], "tool_choice": ANY},
+    ]
+    for ask in asks:
+        counted = client.messages.count_tokens(model=name(served), **ask)
+        reply = client.messages.create(model=name(served), max_tokens=4, **ask)
+        assert counted.input_tokens == reply.usage.input_tokens > 0
+    assert len(served.recorder.enqueued()) == 2  # counting queues nothing
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
+        ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
+        ({"tools": [{"name": "t"}]}, "tools[0].input_schema"),
+        ({"tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "tool_choice.name"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "x", "name": "f"}],
+                    },
+                    {"role": "user", "content": "go on"},
+                ]
+            },
+            "messages[1].content[0].input",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "r"}]}]},
+            "messages[0].content[0].tool_use_id",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "x",
+                                "content": [{"type": "image"}],
+                            }
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[0].content[0].type",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}],
+                    }
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+    ],
+    ids=[
+        "server-tool",
+        "bash-tool",
+        "no-input-schema",
+        "unnamed-choice",
+        "any-without-tools",
+        "tool-use-without-input",
+        "tool-result-without-id",
+        "image-in-tool-result",
+        "tool-use-from-the-user",
+    ],
+)
+def test_bad_tool_input_is_a_400_naming_the_field(
+    client: anthropic.Anthropic, served: Served, change: dict[str, Any], named: str
+) -> None:
+    params: dict[str, Any] = {"model": name(served), "messages": SEA, **change}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(max_tokens=8, **params)
+    with pytest.raises(anthropic.BadRequestError) as counting:
+        client.messages.count_tokens(**params)
+    for error in (refused.value, counting.value):
+        assert isinstance(error.body, dict)
+        assert error.body["error"]["type"] == "invalid_request_error"
+        assert named in error.body["error"]["message"]
+    assert served.recorder.events == []

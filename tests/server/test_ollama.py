@@ -1,5 +1,6 @@
 """The official ``ollama`` client, unchanged, against the real default model: chat, generate,
-stops, durations from the trace, keep_alive, and leaving early (``client_disconnect``)."""
+stops, durations from the trace, keep_alive, tool calls, and leaving early
+(``client_disconnect``)."""
 
 from __future__ import annotations
 
@@ -168,7 +169,8 @@ def test_list_show_ps_and_version(client: ollama.Client, served: Served) -> None
     assert shown.details.family == "llama"
     assert shown.modelinfo is not None
     assert shown.modelinfo["llama.context_length"] == served.model().context_length
-    assert shown.capabilities == ["completion"]
+    # The model's GGUF runs here, so its calls are constrained by a grammar: tools work.
+    assert shown.capabilities == ["completion", "tools"]
     assert client.show("smollm2-135m:latest").details is not None  # Ollama's tag is understood
     with pytest.raises(ollama.ResponseError) as missing:
         client.show("no-such-model")
@@ -423,3 +425,123 @@ def test_format_constrains_the_reply(client: ollama.Client, served: Served) -> N
     refused = httpx.post(f"{served.url}/api/chat", json=bad, timeout=NET)
     assert refused.status_code == 400
     assert "format" in refused.json()["error"]
+
+
+def get_weather(city: str) -> str:
+    """The current weather in a city.
+
+    Args:
+      city: the city's name
+    """
+    return "sunny"
+
+
+def _asked(city: str) -> dict[str, object]:
+    return {"role": "user", "content": f"What is the weather in {city}?"}
+
+
+def _called(city: str) -> dict[str, object]:
+    call = {"function": {"name": "get_weather", "arguments": {"city": city}}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+#: a conversation whose assistant called the tool for each question: with Ollama's
+#: ``auto`` (it has no tool_choice), the small model calls it again for the next one
+CALLING = [_asked("Rome"), _called("Rome"), _asked("Berlin"), _called("Berlin"), _asked("Paris")]
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+
+
+def test_chat_with_tools_returns_a_parsed_call(client: ollama.Client, served: Served) -> None:
+    options = {"temperature": 0.0, "num_predict": 48}
+    reply = client.chat(name(served), messages=CALLING, tools=[get_weather], options=options)
+    assert reply.done_reason == "stop"
+    assert reply.message.tool_calls is not None
+    (call,) = reply.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(dict(call.function.arguments), WEATHER_SCHEMA)
+    assert "<tool_call>" not in (reply.message.content or "")
+
+    # Streamed: text pieces (none here), then the whole call in one chunk, then the end.
+    chunks = list(
+        client.chat(
+            name(served), messages=CALLING, tools=[get_weather], options=options, stream=True
+        )
+    )
+    with_calls = [c for c in chunks if c.message.tool_calls]
+    assert len(with_calls) == 1
+    assert not with_calls[0].done
+    assert chunks[-1].done
+    assert chunks[-1].done_reason == "stop"
+    (streamed,) = with_calls[0].message.tool_calls or []
+    assert streamed.function.name == "get_weather"
+    assert dict(streamed.function.arguments) == dict(call.function.arguments)
+    assert "<tool_call>" not in "".join(c.message.content or "" for c in chunks)
+
+    # The raw line: Ollama's shape, with the call's index (Ollama >= 0.12 sends it).
+    raw = httpx.post(
+        f"{served.url}/api/chat",
+        json={
+            "model": name(served),
+            "messages": CALLING,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA},
+                }
+            ],
+            "stream": False,
+            "options": options,
+        },
+        timeout=NET,
+    ).json()
+    (line,) = raw["message"]["tool_calls"]
+    assert line["function"]["index"] == 0
+    assert isinstance(line["function"]["arguments"], dict)
+
+
+def test_a_tool_result_turn_gets_a_text_answer(client: ollama.Client, served: Served) -> None:
+    messages = [
+        _asked("Paris"),
+        _called("Paris"),
+        {"role": "tool", "content": "sunny, 24 C", "tool_name": "get_weather"},
+    ]
+    options = {"temperature": 0.0, "num_predict": 24}
+    reply = client.chat(name(served), messages=messages, tools=[get_weather], options=options)
+    assert reply.message.content
+    assert not reply.message.tool_calls
+    # The same turns without tools: the earlier call and its result still reach the prompt.
+    again = client.chat(name(served), messages=messages, options=options)
+    assert again.message.content
+    assert served.recorder.nth(1).prompt_tokens < served.recorder.nth(0).prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"format": "json"}, "format"),
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"),
+        (
+            {"messages": [{**_asked("Oslo"), "tool_calls": _called("Oslo")["tool_calls"]}]},
+            "messages[0].tool_calls",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}, *SEA]},
+            "messages.0.tool_calls.0.function.name",
+        ),
+    ],
+    ids=["format-and-tools", "nameless-tool", "calls-in-a-user-turn", "nameless-call"],
+)
+def test_bad_tool_input_is_one_400_naming_the_field(
+    served: Served, change: dict[str, object], named: str
+) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}
+    body = {"model": name(served), "messages": SEA, "tools": [tool], "stream": False, **change}
+    refused = httpx.post(f"{served.url}/api/chat", json=body, timeout=NET)
+    assert refused.status_code == 400
+    assert set(refused.json()) == {"error"}
+    assert named in refused.json()["error"]
+    assert served.recorder.events == []

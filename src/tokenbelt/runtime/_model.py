@@ -333,6 +333,25 @@ class Model:
                 self._submitting -= 1
         return stream
 
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """The prompt tokens ``request`` would have if it were submitted now (its trace's
+        ``prompt_tokens``): the chat template and the tools included; nothing is queued.
+
+        Blocks to tokenize, and to reload a model unloaded for being idle (the
+        keep-alive counts again from here). Raises as ``submit`` does before queueing
+        (``PromptTooLong``, ``InvalidArgument``, ``ModelLoading``, ``RuntimeClosed``).
+        """
+        sched = self._hold_loaded(_load_wait(self.limits))
+        try:
+            return sched.engines[0].count_prompt_tokens(request)
+        finally:
+            with self._lock:
+                self._submitting -= 1
+                stats = sched.statistics()
+                idle = not (stats.running or stats.queued or self._submitting)
+            if idle:  # _hold_loaded stopped the idle timer; no request will restart it
+                self._arm_idle()
+
     def _hold_loaded(self, wait: float | None = None) -> Scheduler:
         """Load the model if needed and keep it loaded until the caller's ``submit`` is done.
 

@@ -1,46 +1,84 @@
 """Anthropic's Messages API, ``POST /v1/messages``, translated onto the shared request path.
 
-A stream is Anthropic's sequence of server-sent events: ``message_start``,
-``content_block_start``, ``content_block_delta`` (one per piece),
-``content_block_stop``, ``message_delta`` (``stop_reason``, ``stop_sequence``,
-``usage``) and ``message_stop``. ``stop_reason`` is ``end_turn``, ``stop_sequence``
-or ``max_tokens`` for the model's own ends, as in Anthropic's API; a deadline gives
-``timeout`` and a stop (cancel endpoint, shutdown) ``cancelled``, with the exact end
-reason and trace in a ``tokenbelt`` object beside it. An engine failure is an
-``error`` event.
+A stream is Anthropic's sequence of server-sent events: ``message_start``, then for
+each content block ``content_block_start``, its ``content_block_delta`` events
+(``text_delta`` pieces, or ``input_json_delta`` pieces whose concatenation is a
+``tool_use`` block's input) and ``content_block_stop``, then ``message_delta``
+(``stop_reason``, ``stop_sequence``, ``usage``) and ``message_stop``. An engine failure
+is an ``error`` event.
+
+``stop_reason`` is always one of Anthropic's own values, with the exact end reason and
+trace in a ``tokenbelt`` object beside it: ``end_turn``, ``stop_sequence`` or
+``tool_use`` for the model's own ends, ``max_tokens`` for ``length``; an end the caller
+chose (a cancel, a disconnect) is ``end_turn``, and one it did not (a deadline, a
+shutdown) cut the reply short and is ``max_tokens``, as ``/v1`` answers ``stop`` and
+``length`` for them. A call cut short is a ``tool_use`` block with the input sent so far
+in a stream; in a whole answer it is no block (its input would not parse) and the
+``tokenbelt`` object's ``cut_call`` has its name and the partial input.
+
+``POST /v1/messages/count_tokens`` counts the prompt exactly as the same request's
+``usage.input_tokens`` (the chat template and the tools included).
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import anyio
 from fastapi import APIRouter
 from starlette.responses import Response
 
 from ...belt import EndReason
-from ...engines import GenerationRequest
-from ...runtime import Stream, sampling_from
-from ..core import RELEASE_WAIT_S, Serving, compact_json, tokenbelt_final
-from ._schemas import MessagesRequest, error_shape
+from ...runtime import Model, Stream, sampling_from
+from ..core import (
+    RELEASE_WAIT_S,
+    Calls,
+    Serving,
+    ToolPlan,
+    compact_json,
+    plan_tools,
+    tokenbelt_final,
+)
+from ._schemas import CountTokensRequest, MessagesRequest, error_shape
 
 PREFIX = "/v1/messages"
 API = "anthropic"
 
+Event = tuple[str, dict[str, Any]]
+
 
 def sse_event(event: object) -> bytes:
     """An ``(event name, data)`` pair as one named server-sent event."""
-    name, data = cast(tuple[str, object], event)
+    name, data = cast(Event, event)
     return f"event: {name}\ndata: {compact_json(data)}\n\n".encode()
 
 
-def stop_reason(stream: Stream) -> str:
+def tool_use_id() -> str:
+    return "toolu_" + secrets.token_hex(12)
+
+
+def stop_reason(stream: Stream, called: bool = False) -> str:
+    """One of Anthropic's own values (see the module docstring)."""
     reason = stream.end_reason or EndReason.RUNTIME_ERROR
     if reason is EndReason.LENGTH:
         return "max_tokens"
     if reason is EndReason.STOP:
+        if called:
+            return "tool_use"
         return "stop_sequence" if stream.trace.stop_sequence is not None else "end_turn"
-    return "timeout" if reason.is_timeout else "cancelled"  # see the module docstring
+    # The ends a caller chose read as a finished turn, every other as a cut one.
+    return "end_turn" if reason.openai_finish_reason == "stop" else "max_tokens"
+
+
+def _final(stream: Stream, plan: ToolPlan, calls: Calls) -> dict[str, Any]:
+    extension = tokenbelt_final(stream)
+    if plan.grammar is not None:
+        extension["grammar"] = plan.grammar_info()
+    if calls.started is not None and calls.call is None:
+        extension["cut_call"] = {"name": calls.started, "partial_input": calls.arguments}
+    return extension
 
 
 def _message(stream: Stream, model: str, content: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,40 +98,78 @@ def _message(stream: Stream, model: str, content: list[dict[str, Any]]) -> dict[
 router = APIRouter(tags=["anthropic"])
 
 
-def _render(stream: Stream, model: str) -> dict[str, Any]:
+def _render(stream: Stream, model: str, plan: ToolPlan) -> dict[str, Any]:
+    calls = plan.calls().whole(stream.text)
+    content: list[dict[str, Any]] = []
+    if calls.content or calls.call is None:
+        content.append({"type": "text", "text": calls.content})
+    if calls.call is not None:
+        use = {"id": tool_use_id(), "name": calls.call.name, "input": calls.call.args}
+        content.append({"type": "tool_use", **use})
     return {
-        **_message(stream, model, [{"type": "text", "text": stream.text}]),
-        "stop_reason": stop_reason(stream),
+        **_message(stream, model, content),
+        "stop_reason": stop_reason(stream, calls.call is not None),
         "stop_sequence": stream.trace.stop_sequence,
         "usage": {
             "input_tokens": stream.trace.prompt_tokens,
             "output_tokens": stream.trace.completion_tokens,
         },
-        "tokenbelt": tokenbelt_final(stream),
+        "tokenbelt": _final(stream, plan, calls),
     }
 
 
-async def _events(stream: Stream, model: str) -> AsyncIterator[object]:
+class _Blocks:
+    """Content blocks as they open, fill and close, from ``Calls`` events."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self._open: str | None = None
+
+    def _start(self, block: dict[str, Any]) -> list[Event]:
+        out = self.stop()
+        self.index += 1
+        self._open = block["type"]
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return [*out, ("content_block_start", start)]
+
+    def _delta(self, delta: dict[str, Any]) -> Event:
+        return "content_block_delta", {
+            "type": "content_block_delta",
+            "index": self.index,
+            "delta": delta,
+        }
+
+    def text(self) -> list[Event]:
+        """Open an empty text block."""
+        return self._start({"type": "text", "text": ""})
+
+    def events(self, kind: str, text: str) -> list[Event]:
+        if kind == "content":
+            out = self.text() if self._open != "text" else []
+            return [*out, self._delta({"type": "text_delta", "text": text})]
+        if kind == "call":
+            return self._start({"type": "tool_use", "id": tool_use_id(), "name": text, "input": {}})
+        return [self._delta({"type": "input_json_delta", "partial_json": text})]
+
+    def stop(self) -> list[Event]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+
+async def _events(stream: Stream, model: str, plan: ToolPlan) -> AsyncIterator[object]:
     yield "message_start", {"type": "message_start", "message": _message(stream, model, [])}
-    yield (
-        "content_block_start",
-        {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "text", "text": ""},
-        },
-    )
+    calls, blocks = plan.calls(), _Blocks()
+    if not plan.with_tools:  # a text reply: its block opens at once, as Anthropic's does
+        for event in blocks.text():
+            yield event
     error: str | None = None
     try:
         async for piece in stream:
-            yield (
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": piece},
-                },
-            )
+            for kind, text in calls.feed(piece):
+                for event in blocks.events(kind, text):
+                    yield event
     except Exception as exc:  # the engine failed: say so in the stream, then end it
         error = f"generation failed: {type(exc).__name__}: {exc}"
     await stream.await_released(RELEASE_WAIT_S)
@@ -101,31 +177,50 @@ async def _events(stream: Stream, model: str) -> AsyncIterator[object]:
         _, body = error_shape(500, error, "server_error", "runtime_error", None)
         yield "error", {**body, "tokenbelt": tokenbelt_final(stream)}
         return
-    yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+    last = [e for kind, text in calls.finish() for e in blocks.events(kind, text)]
+    if blocks.index < 0 and not last:  # nothing at all: one empty text block
+        last = blocks.text()
+    for event in [*last, *blocks.stop()]:
+        yield event
     yield (
         "message_delta",
         {
             "type": "message_delta",
             "delta": {
-                "stop_reason": stop_reason(stream),
+                "stop_reason": stop_reason(stream, calls.call is not None),
                 "stop_sequence": stream.trace.stop_sequence,
             },
             "usage": {"output_tokens": stream.trace.completion_tokens},
-            "tokenbelt": tokenbelt_final(stream),
+            "tokenbelt": _final(stream, plan, calls),
         },
     )
     yield "message_stop", {"type": "message_stop"}
 
 
+def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
+    return plan_tools(body.turns(), body.openai_tools(), body.openai_choice(), model.template_tools)
+
+
 @router.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")
 async def messages(body: MessagesRequest, path: Serving) -> Response:
     model = path.state.model_for(body.model or None)
-    request = GenerationRequest(messages=body.chat(), sampling=sampling_from(body.sampling()))
+    plan = _plan(body, model)
+    request = plan.request(sampling_from(body.sampling()))
     stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
     # Anthropic's SDKs read the request id from ``request-id``.
     headers = {"request-id": stream.request_id}
     if body.stream:
         return path.streaming(
-            stream, _events(stream, model.name), headers=headers, encode=sse_event
+            stream, _events(stream, model.name, plan), headers=headers, encode=sse_event
         )
-    return path.answer(stream, lambda s: _render(s, model.name), shape=error_shape, headers=headers)
+    return path.answer(
+        stream, lambda s: _render(s, model.name, plan), shape=error_shape, headers=headers
+    )
+
+
+@router.post(PREFIX + "/count_tokens", summary="Anthropic: the input tokens of a request")
+async def count_tokens(body: CountTokensRequest, path: Serving) -> dict[str, Any]:
+    """``{"input_tokens": n}``: the prompt the same ``/v1/messages`` request would have."""
+    model = path.state.model_for(body.model or None)
+    request = _plan(body, model).request(sampling_from({}))
+    return {"input_tokens": await anyio.to_thread.run_sync(model.count_prompt_tokens, request)}

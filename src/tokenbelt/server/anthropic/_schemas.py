@@ -1,17 +1,22 @@
-"""The request body of Anthropic's Messages API, and its error shape.
+"""The request bodies of Anthropic's Messages API, and its error shape.
 
-Unknown fields (``tools``, ``thinking``...) are refused by name. Two fields that ask
+``MessagesRequest`` translates a body onto the OpenAI-shaped messages and tools the tool
+planner takes (``core.plan_tools``): a ``tool_use`` block is an assistant turn's call, a
+``tool_result`` block a ``tool`` turn with its ``tool_call_id``. Only ``custom`` tools
+(name, description, ``input_schema``) can be had: Anthropic's server tools (web search,
+bash, the text editor, code execution...) run on Anthropic's side, and are refused by
+their type. Unknown fields (``thinking``...) are refused by name. Two fields that ask
 nothing of the model are accepted and have no effect: ``metadata`` (a caller's own
-labels) and ``cache_control``, on the request or on a text block (a prompt-caching hint).
+labels) and ``cache_control``, on the request, a block or a tool (a prompt-caching hint).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...engines import Message
 from ..core import TokenbeltOptions, UnsupportedParameter
 
 #: HTTP status -> Anthropic's error type
@@ -48,43 +53,192 @@ class TextBlock(BaseModel):
     cache_control: dict[str, Any] | None = None
 
 
-def _text(content: str | list[dict[str, Any]], where: str) -> str:
-    """The text of a message's content; any block but text is refused by name."""
+#: the keys of each block type this route reads (``cache_control`` has no effect)
+_KEYS = {
+    "text": {"type", "text", "cache_control"},
+    "tool_use": {"type", "id", "name", "input", "cache_control"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+}
+#: which role may send each block type
+_ROLE = {"text": ("user", "assistant"), "tool_use": ("assistant",), "tool_result": ("user",)}
+_TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
+
+
+def _get(block: dict[str, Any], key: str, kind: type, where: str, required: bool = True) -> Any:
+    """``block[key]`` if it is a ``kind``; a missing or mistyped field is refused by name."""
+    if key not in block and not required:
+        return None
+    value = block.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        what = {str: "a string", dict: "an object", bool: "a boolean"}.get(kind, kind.__name__)
+        raise UnsupportedParameter(f"{where}.{key}", f"it must be {what}")
+    return value
+
+
+def _check_block(block: object, where: str, role: str | None) -> str:
+    """The type of a content block, refused by name unless this route can read it."""
+    if not isinstance(block, dict):
+        raise UnsupportedParameter(where, "a content block is an object")
+    kind = block.get("type")
+    if kind not in _KEYS or (role is None and kind != "text"):
+        can = "text" if role is None else "text, tool_use (assistant) and tool_result (user)"
+        raise UnsupportedParameter(f"{where}.type", f"content blocks of type {kind!r}; only {can}")
+    if role is not None and role not in _ROLE[kind]:
+        raise UnsupportedParameter(
+            f"{where}.type", f"a {kind} block comes in a {_ROLE[kind][0]} turn, not a {role} one"
+        )
+    extra = set(block) - _KEYS[kind]
+    if extra:
+        raise UnsupportedParameter(f"{where}.{sorted(extra)[0]}")
+    return str(kind)
+
+
+def _text(content: str | list[Any], where: str) -> str:
+    """Text-only content (a tool result's): any block but text is refused by name."""
     if isinstance(content, str):
         return content
     parts = []
     for j, block in enumerate(content):
-        kind = block.get("type")
-        if kind != "text":
-            raise UnsupportedParameter(
-                f"{where}.content[{j}].type", f"content blocks of type {kind!r}; only text"
-            )
-        extra = set(block) - {"type", "text", "cache_control"}
-        if extra:
-            raise UnsupportedParameter(f"{where}.content[{j}].{sorted(extra)[0]}")
-        text = block.get("text")
-        if not isinstance(text, str):
-            raise UnsupportedParameter(f"{where}.content[{j}].text", "it must be a string")
-        parts.append(text)
+        _check_block(block, f"{where}[{j}]", None)
+        parts.append(_get(block, "text", str, f"{where}[{j}]"))
     return "".join(parts)
+
+
+def _turns(role: str, content: str | list[Any], where: str) -> list[dict[str, Any]]:
+    """One Anthropic message as OpenAI-shaped turns: an assistant turn with its
+    ``tool_calls``, or user text and one ``tool`` turn per ``tool_result``."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = _check_block(block, at, role)
+        if kind == "text":
+            text.append(_get(block, "text", str, at))
+        elif kind == "tool_use":
+            args = json.dumps(_get(block, "input", dict, at), ensure_ascii=False)
+            function = {"name": _get(block, "name", str, at), "arguments": args}
+            call_id = _get(block, "id", str, at)
+            calls.append({"id": call_id, "type": "function", "function": function})
+        else:
+            if text:  # text before a result keeps its place
+                out.append({"role": role, "content": "".join(text)})
+                text = []
+            raw = block.get("content", "")
+            if not isinstance(raw, str | list):
+                raise UnsupportedParameter(f"{at}.content", "it is a string or a list of blocks")
+            result = _text(raw, f"{at}.content")
+            if _get(block, "is_error", bool, at, required=False):
+                result = f"Error: {result}"
+            call_id = _get(block, "tool_use_id", str, at)
+            out.append({"role": "tool", "content": result, "tool_call_id": call_id})
+    if role == "assistant":
+        turn: dict[str, Any] = {"role": role, "content": "".join(text)}
+        if calls:
+            turn["tool_calls"] = calls
+        return [turn]
+    if text or not out:
+        out.append({"role": role, "content": "".join(text)})
+    return out
 
 
 class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: str | list[Any]
 
 
-class MessagesRequest(BaseModel):
-    """``POST /v1/messages``."""
+class ToolChoice(BaseModel):
+    """``tool_choice``: ``auto``, ``any``, ``tool`` (with a ``name``) or ``none``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = Field(
+        None, description="accepted: a reply makes one call at most either way"
+    )
+
+    def openai(self) -> str | dict[str, Any]:
+        """The choice as OpenAI's ``tool_choice``."""
+        if self.type == "tool":
+            if self.name is None:
+                raise UnsupportedParameter("tool_choice.name", "a choice of type tool names it")
+            return {"type": "function", "function": {"name": self.name}}
+        if self.name is not None:
+            raise UnsupportedParameter("tool_choice.name", "only a choice of type tool names one")
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
+
+
+class CountTokensRequest(BaseModel):
+    """``POST /v1/messages/count_tokens``: the prompt of a request, without its sampling."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(max_length=200, description="a loaded model's name")
     messages: list[InputMessage] = Field(min_length=1, max_length=4096)
-    max_tokens: int = Field(ge=1, le=1_000_000, description="required, as Anthropic requires it")
     system: str | list[TextBlock] | None = None
+    tools: list[Any] | None = Field(None, max_length=1024)
+    tool_choice: ToolChoice | None = None
+
+    def turns(self) -> list[dict[str, Any]]:
+        """The conversation as OpenAI-shaped messages, the system prompt first."""
+        out: list[dict[str, Any]] = []
+        if isinstance(self.system, str) and self.system:
+            out.append({"role": "system", "content": self.system})
+        elif isinstance(self.system, list) and self.system:
+            out.append({"role": "system", "content": "".join(b.text for b in self.system)})
+        for i, m in enumerate(self.messages):
+            out.extend(_turns(m.role, m.content, f"messages[{i}]"))
+        if self.messages[-1].role == "assistant":
+            # Anthropic continues a final assistant turn; tokenbelt's chat template would
+            # start a new one instead, so say so rather than answer something else.
+            raise UnsupportedParameter(
+                f"messages[{len(self.messages) - 1}]",
+                "a final assistant turn to continue (prefill); end with a user turn",
+            )
+        return out
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """``tools`` as OpenAI-shaped functions; only custom tools, the others by type."""
+        out = []
+        for i, tool in enumerate(self.tools or ()):
+            where = f"tools[{i}]"
+            if not isinstance(tool, dict):
+                raise UnsupportedParameter(where, "a tool is an object")
+            kind = tool.get("type", "custom")
+            if kind not in (None, "custom"):
+                raise UnsupportedParameter(
+                    f"{where}.type",
+                    f"{kind!r} is one of Anthropic's server tools, run on Anthropic's side; "
+                    "this route takes custom tools (name, description, input_schema)",
+                )
+            extra = set(tool) - _TOOL_KEYS
+            if extra:
+                raise UnsupportedParameter(f"{where}.{sorted(extra)[0]}")
+            function = {
+                "name": _get(tool, "name", str, where),
+                "parameters": _get(tool, "input_schema", dict, where),
+            }
+            description = _get(tool, "description", str, where, required=False)
+            if description:
+                function["description"] = description
+            out.append({"type": "function", "function": function})
+        return out
+
+    def openai_choice(self) -> str | dict[str, Any] | None:
+        """``tool_choice`` as OpenAI's; ``auto`` or ``none`` with no tools is no choice."""
+        choice = self.tool_choice.openai() if self.tool_choice is not None else None
+        return None if not self.tools and choice in ("auto", "none") else choice
+
+
+class MessagesRequest(CountTokensRequest):
+    """``POST /v1/messages``."""
+
+    max_tokens: int = Field(ge=1, le=1_000_000, description="required, as Anthropic requires it")
     stop_sequences: list[str] | None = Field(None, max_length=16)
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
@@ -93,24 +247,6 @@ class MessagesRequest(BaseModel):
     metadata: dict[str, Any] | None = Field(None, description="accepted; has no effect")
     cache_control: dict[str, Any] | None = Field(None, description="accepted; has no effect")
     tokenbelt: TokenbeltOptions | None = None
-
-    def chat(self) -> tuple[Message, ...]:
-        """The conversation as tokenbelt messages, the system prompt first."""
-        out: list[Message] = []
-        if isinstance(self.system, str) and self.system:
-            out.append({"role": "system", "content": self.system})
-        elif isinstance(self.system, list) and self.system:
-            out.append({"role": "system", "content": "".join(b.text for b in self.system)})
-        for i, m in enumerate(self.messages):
-            out.append({"role": m.role, "content": _text(m.content, f"messages[{i}]")})
-        if self.messages[-1].role == "assistant":
-            # Anthropic continues a final assistant turn; tokenbelt's chat template would
-            # start a new one instead, so say so rather than answer something else.
-            raise UnsupportedParameter(
-                f"messages[{len(self.messages) - 1}]",
-                "a final assistant turn to continue (prefill); end with a user turn",
-            )
-        return tuple(out)
 
     def sampling(self) -> dict[str, object]:
         return {

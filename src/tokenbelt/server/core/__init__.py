@@ -5,6 +5,8 @@
 - ``_responses``: the SSE/NDJSON writer and the deferred answer, raced against the
   client's disconnect;
 - ``_options``: tokenbelt's own request options, and the sampling ranges (``ranges``);
+- ``_tools``: tool calls for the dialects that are not OpenAI's (``plan_tools``,
+  ``Calls``);
 - ``_control``: tokenbelt's own routes (health, metrics, ``/v1/requests``, cancel);
 - ``_state``, ``_errors``, ``_middleware``, ``_metrics``, ``_h11`` (uvicorn's h11
   protocol, kept in bounds) and ``_shutdown``.
@@ -40,6 +42,7 @@ from ._path import RELEASE_WAIT_S, Asgi, RequestPath, Serving, Submitted, tokenb
 from ._responses import DeferredResponse, EventStreamResponse, ndjson, sse
 from ._shutdown import GracefulServer
 from ._state import ServerSettings, ServerState
+from ._tools import Calls, ToolPlan, plan_tools
 
 __all__ = [
     "CALLER",
@@ -50,6 +53,7 @@ __all__ = [
     "ApiKeyMiddleware",
     "Asgi",
     "BodyLimitMiddleware",
+    "Calls",
     "DeferredResponse",
     "Dialects",
     "ErrorShape",
@@ -64,6 +68,7 @@ __all__ = [
     "Serving",
     "Submitted",
     "TokenbeltOptions",
+    "ToolPlan",
     "UnsupportedParameter",
     "compact_json",
     "control_router",
@@ -74,6 +79,7 @@ __all__ = [
     "install",
     "ndjson",
     "openai_shape",
+    "plan_tools",
     "ranges",
     "response_for",
     "sse",

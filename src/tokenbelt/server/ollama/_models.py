@@ -170,7 +170,9 @@ def _show(state: ServerState, name: str) -> dict[str, Any]:
         "license": found.license,
         "details": found.details(),
         "model_info": model_info,
-        "capabilities": ["completion"],
+        # A GGUF tokenbelt runs itself takes tools (its grammar makes every call parse);
+        # a remote or scripted engine constrains nothing, so it is not said to.
+        "capabilities": ["completion", "tools"] if found.path else ["completion"],
         "modified_at": found.modified_at,
         "tokenbelt": {
             "loaded": model is not None,

@@ -5,6 +5,12 @@ Streams are NDJSON (one JSON object a line, the last with ``done: true``) unless
 or the exact tokenbelt end reason, such as ``user_cancel`` or ``total_timeout``), the
 durations Ollama reports (nanoseconds, from the request's trace) and a ``tokenbelt``
 object with the end reason and the trace. The model routes live in ``_models``.
+
+With ``tools``, a reply's call is ``message.tool_calls`` (``function``: ``index``,
+``name``, ``arguments`` as an object), and a stream sends it whole in one chunk once it
+is complete, after the text before it, as Ollama does. A call cut short (``length``, a
+cancel) is no call: it is left out of ``content`` too, and the ``tokenbelt`` object's
+``cut_call`` has its name and the partial arguments.
 """
 
 from __future__ import annotations
@@ -19,14 +25,17 @@ from starlette.responses import JSONResponse, Response
 
 from ...belt import EndReason
 from ...engines import GenerationRequest, Message
-from ...runtime import Model, sampling_from
+from ...runtime import Model, Stream, sampling_from
 from ..core import (
     RELEASE_WAIT_S,
+    Calls,
     RequestPath,
     Serving,
     Submitted,
+    ToolPlan,
     UnsupportedParameter,
     ndjson,
+    plan_tools,
     tokenbelt_final,
 )
 from . import _models
@@ -115,10 +124,33 @@ async def _load_or_unload(model: Model, body: _Generation, chat: bool) -> Respon
     )
 
 
-def _final(submitted: Submitted, name: str, chat: bool, text: str) -> dict[str, Any]:
+def _tool_calls(calls: Calls) -> dict[str, Any]:
+    """``tool_calls`` of a message, Ollama-shaped; nothing without a finished call."""
+    if calls.call is None:
+        return {}
+    fn = {"index": 0, "name": calls.call.name, "arguments": calls.call.args}
+    return {"tool_calls": [{"function": fn}]}
+
+
+def _final(
+    submitted: Submitted,
+    name: str,
+    chat: bool,
+    text: str,
+    calls: Calls | None = None,
+    streamed: bool = False,
+) -> dict[str, Any]:
+    """The last object; a stream sent its call in a chunk of its own before it."""
     stream = submitted.stream
     reason = stream.end_reason or EndReason.RUNTIME_ERROR
-    content = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+    extension = tokenbelt_final(stream)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls is not None:
+        if not streamed:
+            message.update(_tool_calls(calls))
+        if calls.started is not None and calls.call is None:
+            extension["cut_call"] = {"name": calls.started, "partial_arguments": calls.arguments}
+    content = {"message": message} if chat else {"response": text}
     return {
         "model": name,
         "created_at": now(),
@@ -126,21 +158,33 @@ def _final(submitted: Submitted, name: str, chat: bool, text: str) -> dict[str, 
         "done": True,
         "done_reason": reason.value,
         **durations(submitted),
-        "tokenbelt": tokenbelt_final(stream),
+        "tokenbelt": extension,
     }
 
 
-async def _events(submitted: Submitted, name: str, chat: bool) -> AsyncIterator[object]:
+async def _events(
+    submitted: Submitted, name: str, chat: bool, plan: ToolPlan | None
+) -> AsyncIterator[object]:
     stream = submitted.stream
+    calls = plan.calls() if plan is not None else None
+
+    def chunk(text: str, **more: Any) -> dict[str, Any]:
+        content: dict[str, Any] = (
+            {"message": {"role": "assistant", "content": text, **more}}
+            if chat
+            else {"response": text}
+        )
+        return {"model": name, "created_at": now(), **content, "done": False}
+
     error: str | None = None
     try:
         async for piece in stream:
-            content: dict[str, Any] = (
-                {"message": {"role": "assistant", "content": piece}}
-                if chat
-                else {"response": piece}
-            )
-            yield {"model": name, "created_at": now(), **content, "done": False}
+            if calls is None:
+                yield chunk(piece)
+                continue
+            for kind, text in calls.feed(piece):
+                if kind == "content":
+                    yield chunk(text)
     except Exception as exc:  # the engine failed: say so in the stream, then end it
         error = f"generation failed: {type(exc).__name__}: {exc}"
     await stream.await_released(RELEASE_WAIT_S)
@@ -148,11 +192,20 @@ async def _events(submitted: Submitted, name: str, chat: bool) -> AsyncIterator[
         # The ``ollama`` client raises ``ResponseError`` for a line with ``error``.
         yield {"error": error, "tokenbelt": tokenbelt_final(stream)}
         return
-    yield _final(submitted, name, chat, "")
+    if calls is not None:
+        rest = "".join(text for kind, text in calls.finish() if kind == "content")
+        if rest or calls.call is not None:
+            yield chunk(rest, **_tool_calls(calls))
+    yield _final(submitted, name, chat, "", calls, streamed=True)
 
 
 async def _run(
-    path: RequestPath, model: Model, body: _Generation, request: GenerationRequest, chat: bool
+    path: RequestPath,
+    model: Model,
+    body: _Generation,
+    request: GenerationRequest,
+    chat: bool,
+    plan: ToolPlan | None = None,
 ) -> Response:
     seconds = _keep_alive(model, body)
     submitted = await path.submit(model, request, body.tokenbelt, api=API)
@@ -166,15 +219,18 @@ async def _run(
     if body.stream:
         return path.streaming(
             stream,
-            _events(submitted, model.name, chat),
+            _events(submitted, model.name, chat, plan),
             encode=ndjson,
             media_type=NDJSON,
         )
-    return path.answer(
-        stream,
-        lambda s: _final(submitted, model.name, chat, s.text),
-        shape=error_shape,
-    )
+
+    def render(s: Stream) -> dict[str, Any]:
+        if plan is None:
+            return _final(submitted, model.name, chat, s.text)
+        calls = plan.calls().whole(s.text)
+        return _final(submitted, model.name, chat, calls.content, calls)
+
+    return path.answer(stream, render, shape=error_shape)
 
 
 @router.post("/chat", summary="Ollama: chat (NDJSON stream unless stream is false)")
@@ -183,12 +239,17 @@ async def chat(body: ChatRequest, path: Serving) -> Response:
     model = _model_for(path, body.model)
     if not body.messages:
         return await _load_or_unload(model, body, chat=True)
-    messages: tuple[Message, ...] = tuple(
-        {"role": m.role, "content": m.content} for m in body.messages
-    )
     sampling = sampling_from(body.sampling(model.context_length))
-    request = GenerationRequest(messages=messages, sampling=sampling, grammar=body.grammar())
-    return await _run(path, model, body, request, True)
+    # Through the planner even without tools: a conversation that called tools earlier
+    # keeps its calls and results in the prompt format the model was shown them in.
+    plan = plan_tools(body.turns(), body.tools or (), None, model.template_tools)
+    request = GenerationRequest(
+        messages=plan.messages,
+        sampling=sampling,
+        grammar=plan.grammar or body.grammar(),
+        tools=plan.tools_json,
+    )
+    return await _run(path, model, body, request, True, plan if plan.with_tools else None)
 
 
 @router.post("/generate", summary="Ollama: completion of a prompt (raw, or in the chat template)")

@@ -4,11 +4,14 @@ Every field Ollama defines is declared, so that one tokenbelt cannot honour is
 refused by name (``UnsupportedParameter``, a 400) instead of being dropped; unknown
 fields are refused by pydantic (``extra="forbid"``). A field sent with its "off"
 value (``tools: []``, ``think: false``, ``format: ""``, what the ``ollama`` client
-sends by default) asks for nothing and is accepted.
+sends by default) asks for nothing and is accepted. ``tools`` are OpenAI-shaped
+functions, as in Ollama; ``messages`` may hold an assistant's ``tool_calls`` and
+``tool`` turns (``tool_name``), translated by ``ChatRequest.turns`` for the planner.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Literal
@@ -148,14 +151,33 @@ def parse_keep_alive(value: float | str | None) -> float | Literal[False] | None
     return None if seconds < 0 else seconds
 
 
+class CallFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    #: the call's place in its turn (Ollama >= 0.12 sends it)
+    index: int | None = None
+
+
+class ToolCallIn(BaseModel):
+    """A call in an assistant message the client sends back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: CallFunction
+    id: str | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[Any] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
+    tool_call_id: str | None = None
     thinking: str | None = None
 
 
@@ -163,16 +185,47 @@ class ChatRequest(_Generation):
     """``POST /api/chat``."""
 
     messages: list[ChatMessage] = Field(default_factory=list, max_length=4096)
-    tools: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=1024)
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools:
-            raise UnsupportedParameter("tools", "tokenbelt has no tool calling")
+        if self.tools and self.format not in (None, ""):
+            raise UnsupportedParameter(
+                "format", "together with tools on /api/chat: send one or the other"
+            )
         for i, m in enumerate(self.messages):
-            for name in ("images", "tool_calls", "tool_name", "thinking"):
+            for name in ("images", "thinking"):
                 if getattr(m, name):
                     raise UnsupportedParameter(f"messages[{i}].{name}")
+            if m.tool_calls and m.role != "assistant":
+                raise UnsupportedParameter(
+                    f"messages[{i}].tool_calls", f"tool calls come in assistant turns, not {m.role}"
+                )
+
+    def turns(self) -> list[dict[str, Any]]:
+        """The messages as OpenAI-shaped dicts for the tool planner: an assistant's
+        ``tool_calls`` with their arguments as JSON text, a ``tool`` turn as it is."""
+        out: list[dict[str, Any]] = []
+        for i, m in enumerate(self.messages):
+            turn: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.tool_calls:
+                turn["tool_calls"] = [
+                    {
+                        "id": c.id or f"call_{i}_{j}",
+                        "type": "function",
+                        "function": {
+                            "name": c.function.name,
+                            "arguments": c.function.arguments
+                            if isinstance(c.function.arguments, str)
+                            else json.dumps(c.function.arguments, ensure_ascii=False),
+                        },
+                    }
+                    for j, c in enumerate(m.tool_calls)
+                ]
+            if m.role == "tool" and m.tool_call_id is not None:
+                turn["tool_call_id"] = m.tool_call_id
+            out.append(turn)
+        return out
 
 
 class GenerateRequest(_Generation):
