@@ -7,7 +7,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.testclient import TestClient
 
 from tokenbelt import ScriptedEngine
-from tokenbelt.server import ServerSettings, anthropic, ollama, openai
+from tokenbelt.server import ServerSettings, anthropic, ollama, openai, responses
 from tokenbelt.server.core import RequestPath, ServerState
 
 from .conftest import CHAT, chat_body, scripted_runtime
@@ -49,5 +49,17 @@ def test_the_openai_dialect_alone_has_no_other_routes() -> None:
             assert client.get("/v1/models").json()["data"][0]["id"] == "scripted"
             assert client.post("/api/generate", json={"prompt": "hi"}).status_code == 404
             assert client.get("/health").status_code == 404
+    finally:
+        state.runtime.close()
+
+
+def test_the_responses_dialect_alone_needs_only_its_memory() -> None:
+    app, state = _bare(responses.router)
+    app.state.tokenbelt_responses = responses.Responses(responses.Store(0, 60))
+    try:
+        with TestClient(app) as client:
+            reply = client.post("/v1/responses", json={"input": "hi"}).json()
+            assert reply["output"][0]["content"][0]["text"] == " a b"
+            assert client.post(CHAT, json=chat_body()).status_code == 404
     finally:
         state.runtime.close()
