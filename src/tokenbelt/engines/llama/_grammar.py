@@ -184,12 +184,13 @@ def _definitions(schema: object) -> dict[str, Any]:
 @functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
 def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
     _binding()
-    head, tail, functions = json.loads(canonical)
+    head, tail, functions, answer = json.loads(canonical)
     started = time.perf_counter()
     converter = new_converter()
     calls = []
     defined: dict[str, tuple[str, object]] = {}
-    for name, schema in functions:
+    named = [*functions, *([["the response_format", answer]] if answer is not None else [])]
+    for name, schema in named:
         # The converter names a definition's rule after it, once for the whole grammar.
         for ref, sub in _definitions(schema).items():
             first = defined.setdefault(ref, (name, sub))
@@ -208,20 +209,38 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
                 f"the parameters of function {name!r} cannot be compiled to a grammar: {exc}"
             ) from exc
         calls.append(f"{_literal(name + CALL_ARGUMENTS)} {args}")
+    reply = ""
+    if answer is not None:  # the reply is a call or the answer's JSON
+        check_enforceable(answer, "response_format")
+        try:
+            reply = " | " + converter.visit(converter.resolve_refs(answer, "answer"), "answer")
+        except Exception as exc:  # the converter asserts on what it cannot express
+            raise InvalidArgument(
+                f"the response_format's schema cannot be compiled to a grammar: {exc}"
+            ) from exc
     rules = _json_safe(converter.format_grammar())
     call = " | ".join(f"({c})" for c in calls)
     root = (
         f'root ::= {_literal(head)} "\\n"? {_literal(CALL_PREFIX)} ({call}) "}}" {_literal(tail)}'
+        + reply
     )
     trigger = "[\\s\\S]*?(" + _regex_escape(head) + "\\n?" + _regex_prefixes(CALL_PREFIX) + ")"
     return f"{rules}\n{root}\n", trigger, time.perf_counter() - started
 
 
 def functions_grammar(
-    functions: list[tuple[str, object]], *, head: str, tail: str, lazy: bool
+    functions: list[tuple[str, object]],
+    *,
+    head: str,
+    tail: str,
+    lazy: bool,
+    answer: object = None,
 ) -> Grammar:
     """A grammar for exactly one call ``head{"name": "f", "arguments": {...}}tail`` of one
     of ``functions`` (name, JSON schema of its arguments); cached per function set.
+
+    ``answer`` (a JSON schema, not with ``lazy``): the reply is either the call or JSON
+    matching it (``response_format`` beside ``tools``).
 
     ``lazy``: text is free until the output ends in ``head`` (or ``head`` and the start
     of the call's JSON); the grammar applies from ``head`` on. The trigger never fires on
@@ -230,8 +249,15 @@ def functions_grammar(
     for name, _ in functions:
         if not name or not all(c.isalnum() or c in "_-" for c in name) or not name.isascii():
             raise InvalidArgument(f"a function name is letters, digits, _ and -, got {name!r}")
+    if answer is not None and lazy:
+        raise InvalidArgument("a grammar with an answer schema is not lazy")
     canonical = json.dumps(
-        [head, tail, [[n, json.loads(canonical_schema(s))] for n, s in functions]]
+        [
+            head,
+            tail,
+            [[n, json.loads(canonical_schema(s))] for n, s in functions],
+            None if answer is None else json.loads(canonical_schema(answer)),
+        ]
     )
     before = _functions_gbnf.cache_info().hits
     gbnf, trigger, elapsed = _functions_gbnf(canonical)
