@@ -11,4 +11,4 @@ server=$!
 trap 'kill $server' EXIT
 for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done
 PYTHONPATH="${LC_PATH:-}:$root/src" "$py" -m pytest -c /dev/null -p no:cacheprovider -q \
-  -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=function "$here/test_standard.py" "$@"
+  -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=session -o asyncio_default_test_loop_scope=session "$here/test_standard.py" "$@"
