@@ -82,3 +82,20 @@ def test_bind_tools_returns_valid_tool_calls(served: Served) -> None:
     assert len(total.tool_calls) == 1
     Weather.model_validate(total.tool_calls[0]["args"])
     assert json.loads(total.tool_call_chunks[0]["args"]) == total.tool_calls[0]["args"]
+
+
+class magic_function(BaseModel):  # langchain-tests' own tool, named as it names it
+    """Apply a magic function to an input."""
+
+    input: int = Field(gt=-1000, lt=1000)
+
+
+def test_a_tool_with_a_bounded_argument_is_called_within_its_bounds(served: Served) -> None:
+    # langchain-tests' standard tool-calling tests use this tool: refused with a 400
+    # (``exclusiveMinimum``) until the grammar enforced integer ranges.
+    llm = chat_model(served).bind_tools([magic_function], tool_choice="any")  # type: ignore[attr-defined]
+    for prompt in ("What is the value of magic_function(3)?", "magic_function of 5000?"):
+        message = llm.invoke(prompt)
+        (call,) = message.tool_calls
+        assert call["name"] == "magic_function"
+        assert -1000 < magic_function.model_validate(call["args"]).input < 1000

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tokenbelt import EndReason
@@ -225,8 +226,9 @@ def test_a_schema_that_cannot_compile_is_a_400_before_any_compute(
         person_format({"type": "strange"}),
         person_format({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
         person_format({"type": "string", "pattern": "(("}),
-        # the grammar cannot enforce a bound: refused rather than left out
-        person_format({"type": "object", "properties": {"age": {"type": "integer", "maximum": 9}}}),
+        # neither the grammar nor validation after the reply knows this format
+        person_format({"type": "object", "properties": {"c": {"type": "string", "format": "x"}}}),
+        person_format({"type": "integer", "minimum": 9, "maximum": 1}),  # no value fits
     ]
     for fmt in bad:
         with pytest.raises(openai.BadRequestError) as caught:
@@ -245,6 +247,49 @@ def test_a_schema_that_cannot_compile_is_a_400_before_any_compute(
     # Nothing was queued, admitted or decoded: no request was ever recorded.
     assert served.recorder.events == []
     assert httpx.get(f"{served.url}/v1/requests").json()["data"] == []
+
+
+SIGNUP = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "format": "email"},
+        "score": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10},
+        "plan": {"type": "string", "enum": ["free", "pro"]},
+    },
+    "required": ["age", "email", "score", "plan"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ranges_and_formats_are_enforced_and_the_reply_checked(
+    client: openai.OpenAI, served: Served, stream: bool
+) -> None:
+    for seed in range(3):
+        args: dict[str, Any] = {"model": served.model().name, "seed": seed, "max_tokens": 250}
+        args.update(messages=user("Sign up Bob (bob@mail.com), age 999, score 42."))
+        args.update(response_format=person_format(SIGNUP), stream=stream)
+        if stream:
+            chunks = list(client.chat.completions.create(**args))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            extension = (chunks[-1].model_extra or {})["tokenbelt"]
+        else:
+            reply = client.chat.completions.create(**args)
+            text = reply.choices[0].message.content or ""
+            extension = (reply.model_extra or {})["tokenbelt"]
+        value = json.loads(text)
+        assert 0 <= value["age"] <= 150  # asked for 999: the grammar held the range
+        assert "@" in value["email"]
+        # the fraction of a bounded number is checked after the reply, and reported
+        check = extension["schema"]
+        assert check["checked_after"] == [
+            "exclusiveMinimum at properties.score",
+            "exclusiveMaximum at properties.score",
+        ]
+        valid = 0 < value["score"] < 10
+        assert check["validated"] is valid
+        assert bool(check["errors"]) is not valid
 
 
 # -- tool calls ---------------------------------------------------------------------------------
@@ -430,3 +475,118 @@ def test_a_deadline_inside_a_constrained_stream_lands_within_a_step(
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text.startswith("{")
     assert not text.rstrip().endswith("}")
+
+
+# -- response_format beside tools, and a call cut short ------------------------------------------
+
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 40}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_beside_tools_is_a_call_or_the_json(
+    client: openai.OpenAI, served: Served
+) -> None:
+    model = served.model().name
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    kinds = set()
+    for i, question in enumerate([*QUESTIONS, "Say hello.", "What is a cat?"]):
+        reply = client.chat.completions.create(
+            model=model,
+            messages=user(question),
+            tools=TOOLS,
+            response_format=fmt,  # type: ignore[arg-type]
+            max_tokens=120,
+            seed=i,
+        )
+        choice = reply.choices[0]
+        if choice.message.tool_calls:
+            fn = choice.message.tool_calls[0].function  # type: ignore[union-attr]
+            assert_valid_call(fn.name, fn.arguments)
+            assert choice.finish_reason == "tool_calls"
+            kinds.add("call")
+        else:
+            jsonschema.validate(json.loads(choice.message.content or ""), ANSWER)
+            kinds.add("json")
+        assert (reply.model_extra or {})["tokenbelt"]["schema"]["validated"] is True
+    assert kinds  # which the small model picks is its own; each is whole
+    for choice_, kind in (("required", "call"), ("none", "json")):
+        reply = client.chat.completions.create(
+            model=model,
+            messages=user("Weather in Rome?"),
+            tools=TOOLS,  # type: ignore[arg-type]
+            response_format=fmt,
+            tool_choice=choice_,
+            max_tokens=120,  # type: ignore[arg-type]
+        )
+        message = reply.choices[0].message
+        if kind == "call":
+            assert message.tool_calls
+        else:
+            assert message.tool_calls is None
+            jsonschema.validate(json.loads(message.content or ""), ANSWER)
+
+
+@pytest.mark.parametrize("max_tokens", [3, 18, 30])
+def test_a_cut_call_has_one_shape_streamed_or_not(
+    client: openai.OpenAI, served: Served, max_tokens: int
+) -> None:
+    args: dict[str, Any] = {"model": served.model().name, "messages": user("Weather in Oslo?")}
+    args.update(tools=TOOLS, tool_choice="required", max_tokens=max_tokens, temperature=0)
+    reply = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    assert reply.choices[0].finish_reason == chunks[-1].choices[0].finish_reason == "length"
+    message = reply.choices[0].message
+    assert "<tool_call>" not in (message.content or "")
+    assert all("tool_call" not in (c.choices[0].delta.content or "") for c in chunks)
+    pieces = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
+    streamed = "".join((p.function.arguments or "") for p in pieces if p.function)
+    calls = message.tool_calls or []
+    if calls:  # the name was written: the call with the arguments as far as they went
+        assert pieces[0].function
+        assert calls[0].function.name == pieces[0].function.name  # type: ignore[union-attr]
+        assert calls[0].function.arguments == streamed  # type: ignore[union-attr]
+    else:
+        assert pieces == []
+    for extension in ((reply.model_extra or {})["tokenbelt"], chunks[-1].model_extra["tokenbelt"]):  # type: ignore[index]
+        assert extension["tool_call_cut"] is True
+        if calls:
+            assert extension["schema"]["validated"] is False
+
+
+# -- instructor: pydantic models with ranges, formats and literals --------------------------------
+
+
+class Member(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=24)
+    age: int = pydantic.Field(ge=0, le=150)
+    email: pydantic.EmailStr
+    plan: Literal["free", "pro"]
+
+
+@pytest.mark.parametrize("mode", ["JSON_SCHEMA", "TOOLS"])
+def test_instructor_gets_valid_models_and_the_range_holds(served: Served, mode: str) -> None:
+    import instructor
+
+    raw = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET)
+    client = instructor.from_openai(raw, mode=getattr(instructor.Mode, mode))
+    with raw:
+        for seed, text in enumerate(
+            [
+                "Ann, 34, ann@mail.com, on the pro plan.",
+                "Sign up Bob (bob@mail.com), age 999, free plan.",  # out of range: held
+            ]
+        ):
+            member = client.chat.completions.create(
+                model=served.model().name,
+                response_model=Member,
+                messages=user(f"Extract the member: {text}"),
+                max_retries=0,
+                max_tokens=200,
+                seed=seed,
+            )
+            assert isinstance(member, Member)  # pydantic validated it: ge, le, EmailStr, Literal
+            assert 0 <= member.age <= 150

@@ -38,6 +38,8 @@ from ..engines import (
     functions_grammar,
     schema_grammar,
 )
+from ._validation import SchemaCheck as SchemaCheck  # reached as ``structured.SchemaCheck``
+from ._validation import check_reply as check_reply
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -134,8 +136,9 @@ def check_choice(choice: object, tools: Sequence[Tool]) -> str:
     return str(choice)
 
 
-def tools_prompt(tools: Sequence[Tool], choice: str) -> str:
-    """The system text that describes the tools and the call format."""
+def tools_prompt(tools: Sequence[Tool], choice: str, json_answer: bool = False) -> str:
+    """The system text that describes the tools and the call format (``json_answer``:
+    a reply that calls nothing is JSON)."""
     lines = "\n".join(json.dumps(t.to_openai(), ensure_ascii=False) for t in tools)
     must = (
         "You must call a function now."
@@ -143,6 +146,7 @@ def tools_prompt(tools: Sequence[Tool], choice: str) -> str:
         else f"You must call the function {choice} now."
         if choice != "auto"
         else "Call a function only when it helps to answer."
+        + (" Otherwise answer with JSON only." if json_answer else "")
     )
     return (
         "You can call functions. They are described inside <tools></tools>:\n"
@@ -153,16 +157,19 @@ def tools_prompt(tools: Sequence[Tool], choice: str) -> str:
     )
 
 
-def tools_grammar(tools: Sequence[Tool], choice: str) -> Grammar | None:
-    """The grammar for ``choice``: None for ``none``, lazy for ``auto``."""
+def tools_grammar(tools: Sequence[Tool], choice: str, answer: object = None) -> Grammar | None:
+    """The grammar for ``choice``: None for ``none``, lazy for ``auto``. With ``answer``
+    (a JSON schema) under ``auto``, the reply is either a call or that schema's JSON."""
     if choice == "none":
         return None
     chosen = [t for t in tools if choice in ("auto", "required") or t.name == choice]
+    either = answer is not None and choice == "auto"
     return functions_grammar(
         [(t.name, dict(t.parameters)) for t in chosen],
         head=TOOL_OPEN,
         tail=TOOL_CLOSE,
-        lazy=choice == "auto",
+        lazy=choice == "auto" and not either,
+        answer=answer if either else None,
     )
 
 
@@ -175,6 +182,7 @@ def render_messages(
     tools: Sequence[Tool],
     choice: str,
     template_tools: bool = False,
+    json_answer: bool = False,
 ) -> tuple[Message, ...]:
     """OpenAI-shaped messages as the turns the chat template takes.
 
@@ -204,7 +212,7 @@ def render_messages(
             content = content + "".join(render_call(c) for c in calls)
         out.append({"role": str(role), "content": str(content)})
     if tools and choice != "none" and not template_tools:
-        text = tools_prompt(tools, choice)
+        text = tools_prompt(tools, choice, json_answer)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}"}
         else:
@@ -290,6 +298,8 @@ class CallStream:
         self.name: str | None = None
         self._sent = ""  # arguments given out
         self.complete = False
+        #: the reply ended inside a call (or inside its opening tag)
+        self.cut = False
         self.content = ""
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
@@ -339,20 +349,39 @@ class CallStream:
             self._sent = ready
         return events
 
-    def finish(self, tools: Sequence[Tool]) -> tuple[list[tuple[str, str]], list[ToolCall]]:
-        """The events left at the end, and the call if the reply made a complete one."""
+    def finish(
+        self, tools: Sequence[Tool], cut: bool = False
+    ) -> tuple[list[tuple[str, str]], list[ToolCall]]:
+        """The events left at the end, and the call if the reply made one.
+
+        ``cut``: the reply ended early (``max_tokens``, a stop string, a cancel). A call
+        it cut short is still a call, its ``arguments`` the part that was written (as
+        OpenAI's own), and ``self.cut`` says so; the markup never becomes text.
+        """
         if self._body is None:
+            if self.constrained and cut and TOOL_OPEN.startswith(self._text.strip()):
+                self.cut = bool(self._text.strip())  # cut inside the opening tag
+                self._text = ""
+                return [], []
             if self.constrained:
                 self.content += self._text
                 return ([("content", self._text)] if self._text else []), []
+            if cut:  # the reply may have ended inside the opening tag: drop that part
+                given = self._free(hold=True)
+                self.cut = bool(self._text)
+                self._text = ""
+                return given, []
             return self._free(hold=False), []
         found = parse_tool_calls(TOOL_OPEN + self._body, tools)[1]
         if not found:
-            if self.name is None and not self.constrained:  # it was text after all
+            if self.name is None and not self.constrained and not cut:  # text after all
                 rest = TOOL_OPEN + self._body
                 self.content += rest
                 return [("content", rest)], []
-            return [], []
+            self.cut = True
+            if self.name is None or self.name not in {t.name for t in tools}:
+                return [], []  # cut before its name was complete: nothing to name
+            return self._partial()
         call = found[0]
         events: list[tuple[str, str]] = []
         if self.name is None:
@@ -362,6 +391,24 @@ class CallStream:
             events.append(("arguments", call.arguments[len(self._sent) :]))
         self.complete = True
         return events, [call]
+
+    def _partial(self) -> tuple[list[tuple[str, str]], list[ToolCall]]:
+        """The call cut short: its arguments as far as they were written (exactly the
+        arguments' JSON when only the call's closing was cut)."""
+        assert self._body is not None
+        assert self.name is not None
+        body = self._body.lstrip()
+        args = body[len(CALL_PREFIX) + len(self.name) + len(CALL_ARGUMENTS) :]
+        try:
+            _, end = json.JSONDecoder().raw_decode(args)
+            args = args[:end]
+        except ValueError:
+            pass
+        events: list[tuple[str, str]] = []
+        if args.startswith(self._sent) and len(args) > len(self._sent):
+            events.append(("arguments", args[len(self._sent) :]))
+            self._sent = args
+        return events, [ToolCall(new_call_id(), self.name, self._sent)]
 
 
 @dataclass(frozen=True)

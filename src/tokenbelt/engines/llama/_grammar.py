@@ -28,20 +28,10 @@ from typing import Any
 from ..._errors import DecodeError, InvalidArgument
 from .._request import Grammar
 from ._binding import quiet_native_logs
+from ._schema_rules import Audit, audit, new_converter
 
 #: schemas kept compiled (their GBNF text)
 SCHEMA_CACHE_SIZE = 128
-#: constraints the converter would leave out: refused, so a reply never breaks its schema
-_UNENFORCED = frozenset(
-    {
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then",
-        "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
-        "dependentRequired", "dependentSchemas", "unevaluatedProperties",
-        "unevaluatedItems",
-    }
-)  # fmt: skip
-_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4"})
 
 
 @dataclass(frozen=True)
@@ -86,12 +76,13 @@ class _SchemaCache:
 
     def _convert(self, canonical: str) -> tuple[str, float]:
         _binding()
-        from llama_cpp.llama_grammar import json_schema_to_gbnf
-
         started = time.perf_counter()
-        check_enforceable(json.loads(canonical))
+        schema = json.loads(canonical)
+        check_enforceable(schema)
         try:
-            gbnf = _json_safe(json_schema_to_gbnf(canonical))
+            converter = new_converter()
+            converter.visit(converter.resolve_refs(schema, "stdin"), "")
+            gbnf = _json_safe(converter.format_grammar())
         except Exception as exc:  # the converter asserts on what it cannot express
             raise InvalidArgument(
                 f"the JSON schema cannot be compiled to a grammar: {exc}"
@@ -122,34 +113,10 @@ class _SchemaCache:
 _CACHE = _SchemaCache(SCHEMA_CACHE_SIZE)
 
 
-def check_enforceable(schema: object, where: str = "") -> None:
-    """Raise ``InvalidArgument`` if the schema asks for what the grammar cannot enforce."""
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise InvalidArgument(f"a JSON schema must be an object (at {where or 'the top'})")
-    at = f" (at {where})" if where else ""
-    unenforced = sorted(_UNENFORCED & schema.keys())
-    if unenforced:
-        raise InvalidArgument(
-            f"the JSON schema uses {unenforced[0]!r}{at}, which the grammar cannot enforce"
-        )
-    fmt = schema.get("format")
-    if fmt is not None and fmt not in _FORMATS:
-        raise InvalidArgument(f"the JSON schema's format {fmt!r}{at} cannot be enforced")
-    path = f"{where}." if where else ""
-    for key in ("properties", "$defs", "definitions"):
-        for name, sub in (schema.get(key) or {}).items():
-            check_enforceable(sub, f"{path}{key}.{name}")
-    for key in ("items", "additionalProperties"):
-        sub = schema.get(key)
-        if isinstance(sub, dict):
-            check_enforceable(sub, f"{path}{key}")
-    for key in ("items", "prefixItems", "anyOf", "oneOf", "allOf"):
-        subs = schema.get(key)
-        if isinstance(subs, list):
-            for i, sub in enumerate(subs):
-                check_enforceable(sub, f"{path}{key}[{i}]")
+def check_enforceable(schema: object, where: str = "") -> Audit:
+    """What of ``schema`` the grammar leaves to validation after the reply (``Audit``);
+    raises ``InvalidArgument`` naming the first keyword neither can do."""
+    return audit(schema, where)
 
 
 def canonical_schema(schema: object) -> str:
@@ -217,15 +184,13 @@ def _definitions(schema: object) -> dict[str, Any]:
 @functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
 def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
     _binding()
-    from llama_cpp import llama_grammar
-
-    converter_class: Any = llama_grammar.SchemaConverter
-    head, tail, functions = json.loads(canonical)
+    head, tail, functions, answer = json.loads(canonical)
     started = time.perf_counter()
-    converter = converter_class(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = new_converter()
     calls = []
     defined: dict[str, tuple[str, object]] = {}
-    for name, schema in functions:
+    named = [*functions, *([["the response_format", answer]] if answer is not None else [])]
+    for name, schema in named:
         # The converter names a definition's rule after it, once for the whole grammar.
         for ref, sub in _definitions(schema).items():
             first = defined.setdefault(ref, (name, sub))
@@ -244,20 +209,38 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
                 f"the parameters of function {name!r} cannot be compiled to a grammar: {exc}"
             ) from exc
         calls.append(f"{_literal(name + CALL_ARGUMENTS)} {args}")
+    reply = ""
+    if answer is not None:  # the reply is a call or the answer's JSON
+        check_enforceable(answer, "response_format")
+        try:
+            reply = " | " + converter.visit(converter.resolve_refs(answer, "answer"), "answer")
+        except Exception as exc:  # the converter asserts on what it cannot express
+            raise InvalidArgument(
+                f"the response_format's schema cannot be compiled to a grammar: {exc}"
+            ) from exc
     rules = _json_safe(converter.format_grammar())
     call = " | ".join(f"({c})" for c in calls)
     root = (
         f'root ::= {_literal(head)} "\\n"? {_literal(CALL_PREFIX)} ({call}) "}}" {_literal(tail)}'
+        + reply
     )
     trigger = "[\\s\\S]*?(" + _regex_escape(head) + "\\n?" + _regex_prefixes(CALL_PREFIX) + ")"
     return f"{rules}\n{root}\n", trigger, time.perf_counter() - started
 
 
 def functions_grammar(
-    functions: list[tuple[str, object]], *, head: str, tail: str, lazy: bool
+    functions: list[tuple[str, object]],
+    *,
+    head: str,
+    tail: str,
+    lazy: bool,
+    answer: object = None,
 ) -> Grammar:
     """A grammar for exactly one call ``head{"name": "f", "arguments": {...}}tail`` of one
     of ``functions`` (name, JSON schema of its arguments); cached per function set.
+
+    ``answer`` (a JSON schema, not with ``lazy``): the reply is either the call or JSON
+    matching it (``response_format`` beside ``tools``).
 
     ``lazy``: text is free until the output ends in ``head`` (or ``head`` and the start
     of the call's JSON); the grammar applies from ``head`` on. The trigger never fires on
@@ -266,8 +249,15 @@ def functions_grammar(
     for name, _ in functions:
         if not name or not all(c.isalnum() or c in "_-" for c in name) or not name.isascii():
             raise InvalidArgument(f"a function name is letters, digits, _ and -, got {name!r}")
+    if answer is not None and lazy:
+        raise InvalidArgument("a grammar with an answer schema is not lazy")
     canonical = json.dumps(
-        [head, tail, [[n, json.loads(canonical_schema(s))] for n, s in functions]]
+        [
+            head,
+            tail,
+            [[n, json.loads(canonical_schema(s))] for n, s in functions],
+            None if answer is None else json.loads(canonical_schema(answer)),
+        ]
     )
     before = _functions_gbnf.cache_info().hits
     gbnf, trigger, elapsed = _functions_gbnf(canonical)

@@ -13,9 +13,9 @@ from ._tools import Plan
 
 
 def finish_reason(reason: EndReason, plan: Plan | None = None) -> str:
-    """One of OpenAI's own values: ``tool_calls`` when a reply with ``plan`` made a call
-    and ended naturally, else ``EndReason.openai_finish_reason`` (the exact reason
+    """One of OpenAI's own values: ``tool_calls`` when a reply with ``plan`` made a whole
+    call and ended naturally, else ``EndReason.openai_finish_reason`` (the exact reason
     travels beside it, in ``tokenbelt.end_reason``)."""
-    if plan is not None and plan.calls and reason is EndReason.STOP:
+    if plan is not None and plan.calls and not plan.cut and reason is EndReason.STOP:
         return "tool_calls"
     return reason.openai_finish_reason

@@ -182,16 +182,18 @@ def _usage(choices: list[Choice]) -> dict[str, Any]:
     return usage
 
 
-def _final(choices: list[Choice], plan: _tools.Plan) -> dict[str, Any]:
+def _final(choices: list[Choice], plans: dict[int, _tools.Plan]) -> dict[str, Any]:
+    """``tokenbelt`` of the last chunk or the answer: the first choice's, and with ``n``
+    each choice's end and schema check."""
     extension = tokenbelt_final(choices[0].stream)
-    if plan.grammar is not None:
-        extension["grammar"] = plan.info()
+    extension.update(plans[choices[0].index].extension())
     if len(choices) > 1:
         extension["choices"] = [
             {
                 "index": c.index,
                 "request_id": c.stream.request_id,
                 "end_reason": (c.stream.end_reason or EndReason.RUNTIME_ERROR).value,
+                **{k: v for k, v in plans[c.index].extension().items() if k != "grammar"},
             }
             for c in choices
         ]
@@ -263,7 +265,7 @@ async def _events(
         await stream.await_released(RELEASE_WAIT_S)
         reason = stream.end_reason or EndReason.RUNTIME_ERROR
         if chat:
-            for delta in deltas[c.index].finish():
+            for delta in deltas[c.index].finish(ended_early=reason is not EndReason.STOP):
                 yield chunk(c, delta)
         last: dict[str, Any] = {
             "index": c.index,
@@ -277,7 +279,7 @@ async def _events(
         final: dict[str, Any] = {
             **base,
             "choices": [last],
-            "tokenbelt": _final([c], plans[c.index]),
+            "tokenbelt": _final([c], plans),
         }
         if c.failed is not None:
             _status, type_, code = failure(c.failed)
@@ -312,7 +314,7 @@ def _respond(
         end = s.end_reason or EndReason.RUNTIME_ERROR
         reason = finish_reason(end)
         if chat:
-            message = _tools.message(s.text, plans[c.index])
+            message = _tools.message(s.text, plans[c.index], end is not EndReason.STOP)
             choice: dict[str, Any] = {
                 "index": c.index,
                 "message": message,
@@ -334,7 +336,7 @@ def _respond(
             "model": model.name,
             "choices": [one(c) for c in choices],
             "usage": _usage(choices),
-            "tokenbelt": _final(choices, base_plan),
+            "tokenbelt": _final(choices, plans),
         }
 
     return path.answer(first, render, shape=openai_shape, also=others)

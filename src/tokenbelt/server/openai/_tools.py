@@ -1,11 +1,16 @@
 """``response_format``, ``tools`` and ``tool_choice`` on chat completions.
 
 Structured output and tool calls are enforced by a grammar during sampling
-(``runtime/_structured.py`` has the prompt format and the parsing). When a reply ends
-early (``length``, a stop string, a cancel or a deadline), its text is returned as it
-is, with the finish reason of that end: a JSON reply may then be cut short, and a call
-that did not complete is not in ``tool_calls`` (a stream may already have sent part of
-its arguments).
+(``runtime/_structured.py`` has the prompt format and the parsing); what a grammar
+cannot enforce exactly is validated once the reply is complete, and the response's
+``tokenbelt.schema`` says whether it validated. With both ``response_format`` and
+``tools`` under ``auto`` the reply is a call or the format's JSON; ``required`` or a
+named function make it a call, ``none`` the JSON.
+
+When a reply ends early (``length``, a stop string, a cancel or a deadline), its text
+is returned as it is, with the finish reason of that end: a JSON reply may then be cut
+short. A call cut short is in ``tool_calls`` with the arguments written so far, streamed
+or not, and ``tokenbelt.tool_call_cut`` is true; its markup never reaches ``content``.
 """
 
 from __future__ import annotations
@@ -92,6 +97,12 @@ class Plan:
     calls: list[ToolCall] = field(default_factory=list)
     #: the request's ``tools`` for a chat template that renders them (JSON text)
     tools_json: str | None = None
+    #: the schema a reply that calls nothing must match (``response_format``)
+    schema: dict[str, Any] | None = None
+    #: a call was cut short (its arguments are the part written)
+    cut: bool = False
+    #: the reply checked against its schema (``tokenbelt.schema``)
+    check: structured.SchemaCheck | None = None
 
     @property
     def with_tools(self) -> bool:
@@ -105,6 +116,27 @@ class Plan:
             "compile_ms": round(self.grammar.compile_s * 1000, 3),
             "cached": self.grammar.cached,
         }
+
+    def extension(self) -> dict[str, Any]:
+        """What the reply adds to ``tokenbelt``: its grammar, its schema check, a cut call."""
+        out: dict[str, Any] = {}
+        if self.grammar is not None:
+            out["grammar"] = self.info()
+        if self.check is not None:
+            out["schema"] = self.check.to_dict()
+        if self.with_tools:
+            out["tool_call_cut"] = self.cut
+        return out
+
+    def validate(self, content: str, ended_early: bool) -> None:
+        """Check the finished reply: a call's arguments against its tool's parameters,
+        else the content against the schema."""
+        if self.calls:
+            call = self.calls[0]
+            params = next(t.parameters for t in self.tools if t.name == call.name)
+            self.check = structured.check_reply(params, call.arguments, cut=self.cut)
+        elif self.schema is not None:
+            self.check = structured.check_reply(self.schema, content, cut=ended_early)
 
 
 def plan(
@@ -127,46 +159,56 @@ def plan(
     except InvalidArgument as exc:
         raise UnsupportedParameter("tool_choice", str(exc)) from exc
     fmt = response_format.type if response_format is not None else "text"
-    if fmt != "text" and found and choice != "none":
-        raise UnsupportedParameter(
-            "response_format", "use either a JSON response_format or tools, not both"
-        )
+    answer: dict[str, Any] | None = None
+    if fmt == "json_object":
+        answer = {"type": "object"}
+    elif fmt == "json_schema":
+        spec = response_format.json_schema if response_format else None
+        if spec is None:
+            raise UnsupportedParameter("response_format", 'json_schema needs "json_schema"')
+        answer = spec.schema_ if spec.schema_ is not None else {"type": "object"}
+    calls_only = bool(found) and choice not in ("none", "auto")
     result = Plan(
-        structured.render_messages(messages, found, choice, template_tools),
+        structured.render_messages(
+            messages, found, choice, template_tools, json_answer=answer is not None
+        ),
         tools=found,
         choice=choice,
         tools_json=structured.tools_json(found, choice, template_tools),
+        schema=None if calls_only else answer,
     )
     try:
-        if fmt == "json_object":
+        if found and choice != "none":
+            result.grammar = structured.tools_grammar(found, choice, answer)
+        elif fmt == "json_object":
             result.grammar = json_object_grammar()
-        elif fmt == "json_schema":
-            spec = response_format.json_schema if response_format else None
-            if spec is None:
-                raise InvalidArgument('response_format json_schema needs "json_schema"')
-            schema = spec.schema_ if spec.schema_ is not None else {"type": "object"}
-            result.grammar = schema_grammar(schema)
-        else:
-            result.grammar = structured.tools_grammar(found, choice)
+        elif answer is not None:
+            result.grammar = schema_grammar(answer)
     except InvalidArgument as exc:
-        raise UnsupportedParameter(
-            "tools" if fmt == "text" else "response_format", str(exc)
-        ) from exc
+        # a message names where it failed: "function f" or "response_format" or the top
+        param = "tools" if "function" in str(exc) or fmt == "text" else "response_format"
+        raise UnsupportedParameter(param, str(exc)) from exc
     return result
 
 
-def message(text: str, p: Plan) -> dict[str, Any]:
-    """The ``message`` of a non-streamed answer; fills ``p.calls``."""
-    if not p.with_tools:
-        return {"role": "assistant", "content": text}
-    content, p.calls = structured.parse_tool_calls(text, p.tools)
-    if not p.calls:
-        return {"role": "assistant", "content": text}
-    return {
-        "role": "assistant",
-        "content": content or None,
-        "tool_calls": [c.to_openai() for c in p.calls],
-    }
+def message(text: str, p: Plan, ended_early: bool) -> dict[str, Any]:
+    """The ``message`` of a non-streamed answer, the same as the streamed deltas add up
+    to (a cut call too); fills ``p.calls``, ``p.cut`` and ``p.check``."""
+    deltas = Deltas(p)
+    content: list[str] = []
+    call: dict[str, Any] | None = None
+    for delta in [*deltas.feed(text), *deltas.finish(ended_early)]:
+        if "content" in delta:
+            content.append(delta["content"])
+        for piece in delta.get("tool_calls", ()):
+            if call is None:
+                call = {k: v for k, v in piece.items() if k != "index"}
+                call["function"] = dict(piece["function"])
+            else:
+                call["function"]["arguments"] += piece["function"]["arguments"]
+    if call is None:
+        return {"role": "assistant", "content": "".join(content)}
+    return {"role": "assistant", "content": "".join(content) or None, "tool_calls": [call]}
 
 
 class Deltas:
@@ -176,6 +218,7 @@ class Deltas:
         self.plan = p
         self._calls = structured.CallStream(constrained=p.choice not in ("auto", "none"))
         self._id = structured.new_call_id()
+        self._text: list[str] = []
 
     def _shape(self, events: list[tuple[str, str]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -192,13 +235,19 @@ class Deltas:
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
         if not self.plan.with_tools:
+            self._text.append(piece)
             return [{"content": piece}]
         return self._shape(self._calls.feed(piece))
 
-    def finish(self) -> list[dict[str, Any]]:
-        """The last deltas; ``plan.calls`` holds the call if one completed."""
-        if not self.plan.with_tools:
+    def finish(self, ended_early: bool) -> list[dict[str, Any]]:
+        """The last deltas; ``plan.calls`` holds the call if the reply made one (cut
+        short when ``ended_early`` cut it: ``plan.cut``), ``plan.check`` its check."""
+        p = self.plan
+        if not p.with_tools:
+            p.validate("".join(self._text), ended_early)
             return []
-        events, calls = self._calls.finish(self.plan.tools)
-        self.plan.calls = [ToolCall(self._id, c.name, c.arguments) for c in calls]
+        events, calls = self._calls.finish(p.tools, cut=ended_early)
+        p.calls = [ToolCall(self._id, c.name, c.arguments) for c in calls]
+        p.cut = self._calls.cut
+        p.validate(self._calls.content, ended_early)
         return self._shape(events)
