@@ -351,3 +351,32 @@ def test_codex_built_in_tools_are_refused_by_name(served: Served) -> None:
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "tools.2.type"
     assert "'web_search'" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_cut_call_is_an_incomplete_function_call(served: Served, stream: bool) -> None:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "input": "Weather in Oslo?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0,
+    }
+    whole = httpx.post(f"{served.url}/v1/responses", json=body, timeout=NET).json()
+    assert whole["output"][0]["type"] == "function_call"
+    # Two tokens short of the whole call: cut inside its arguments.
+    body.update(max_output_tokens=whole["usage"]["output_tokens"] - 2, stream=stream)
+    if stream:
+        with httpx.stream("POST", f"{served.url}/v1/responses", json=body, timeout=NET) as r:
+            lines = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+        final = lines[-1]["response"]
+        assert lines[-1]["type"] == "response.incomplete"
+    else:
+        final = httpx.post(f"{served.url}/v1/responses", json=body, timeout=NET).json()
+    assert final["status"] == "incomplete"
+    assert final["tokenbelt"]["tool_call_cut"] is True
+    [call] = final["output"]
+    assert call["type"] == "function_call"
+    assert call["status"] == "incomplete"
+    assert call["name"] == "get_weather"
+    assert "<tool_call>" not in json.dumps(final["output"])

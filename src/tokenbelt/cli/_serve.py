@@ -214,6 +214,14 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "server is stateless and says so)",
     )
     p.add_argument(
+        "--responses-skip-tool",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="leave built-in tools of TYPE (web_search, namespace...) out of a /v1/responses "
+        "request instead of refusing it (repeatable; each is named in tokenbelt.skipped_tools)",
+    )
+    p.add_argument(
         "--responses-ttl",
         type=positive_duration,
         default=3600.0,
@@ -326,6 +334,7 @@ def _settings(args: argparse.Namespace, keys: list[str]) -> ServerSettings:
         read_timeout=args.read_timeout or None,
         responses_store_bytes=args.responses_store,
         responses_ttl_s=args.responses_ttl,
+        responses_skip_tools=tuple(args.responses_skip_tool),
     )
 
 

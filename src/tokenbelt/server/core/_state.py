@@ -53,6 +53,10 @@ class ServerSettings:
     responses_store_bytes: int = 0
     #: seconds a stored response is kept after it was last used
     responses_ttl_s: float = 3600.0
+    #: built-in tool types ``/v1/responses`` leaves out of a request instead of refusing it
+    #: (a client such as Codex always sends its ``web_search``); each is named in the
+    #: response's ``tokenbelt.skipped_tools``
+    responses_skip_tools: tuple[str, ...] = ()
     #: seconds a stream's socket may accept nothing before it ends ``reader_timeout``
     reader_timeout: float | None = 30.0
     #: seconds for a request's head and body to arrive before the connection is closed

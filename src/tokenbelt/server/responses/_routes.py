@@ -92,14 +92,26 @@ def _keep(body: ResponseRequest, memory: Responses) -> bool:
     return enabled if body.store is None else body.store
 
 
-def _plan(body: ResponseRequest, messages: list[dict[str, Any]], model: Model) -> _tools.Plan:
+def _plan(
+    body: ResponseRequest,
+    messages: list[dict[str, Any]],
+    model: Model,
+    skip: tuple[str, ...],
+    skipped: list[str],
+) -> _tools.Plan:
+    """The chat plan of the request; built-in tools of a type in ``skip`` are left out
+    (and named in ``skipped``), any other is a 400."""
     tools: list[_tools.ToolSpec] = []
     for i, tool in enumerate(body.tools or ()):
         if isinstance(tool, OtherTool):
+            if tool.type in skip:
+                skipped.append(tool.type)
+                continue
             raise UnsupportedParameter(
                 f"tools.{i}.type",
                 f"tools of type {tool.type!r}: tokenbelt runs function tools only "
-                "(the client runs them; leave built-in tools out)",
+                "(leave built-in tools out, or start the server with "
+                f"--responses-skip-tool {tool.type} to have it left out)",
             )
         assert isinstance(tool, FunctionTool)
         fn = _tools.FunctionSpec(
@@ -193,8 +205,11 @@ class _Making:
         return [e for delta in self.deltas.feed(piece) for e in self.turn.feed(delta)]
 
     def finish(self, failed: Exception | None) -> list[dict[str, Any]]:
-        events = [e for delta in self.deltas.finish() for e in self.turn.feed(delta)]
-        events += self.turn.finish(self.stream, bool(self.plan.calls), failed)
+        early = self.stream.end_reason is not EndReason.STOP
+        events = [e for delta in self.deltas.finish(early) for e in self.turn.feed(delta)]
+        # its grammar, its schema check, a cut call, as on /v1/chat/completions
+        self.turn.extension.update(self.plan.extension())
+        events += self.turn.finish(self.stream, bool(self.plan.calls) and not self.plan.cut, failed)
         if self.keep is not None:
             store = self.memory.store
             if self.keep.running:
@@ -255,8 +270,6 @@ async def create(
 ) -> Response:
     model = path.state.model_for(body.model)
     keep = _keep(body, memory)
-    if body.reasoning is not None:
-        raise UnsupportedParameter("reasoning", f"{model.name} has no reasoning phase")
     for i, name in enumerate(body.include or ()):
         if name not in _INCLUDABLE:
             raise UnsupportedParameter(f"include.{i}", f"{name!r} is not something tokenbelt makes")
@@ -270,12 +283,15 @@ async def create(
     messages = _items.messages_from([*history, *items], model.name)
     if body.instructions:
         messages.insert(0, {"role": "system", "content": body.instructions})
-    plan = _plan(body, messages, model)
+    skipped: list[str] = []
+    plan = _plan(body, messages, model, path.state.settings.responses_skip_tools, skipped)
     submitted = await path.submit(
         model, _request(body, plan), body.tokenbelt, api=API, request_id=x_request_id
     )
     stream = submitted.stream
     turn = Turn("resp_" + stream.request_id.removeprefix("req_"), model.name, _echo(body, keep))
+    if skipped:
+        turn.extension["skipped_tools"] = skipped
     entry: Entry | None = None
     if keep:
         entry = Entry(turn.snapshot(), items, body.previous_response_id, stream.request_id)

@@ -138,6 +138,21 @@ class TextConfig(BaseModel):
     )
 
 
+class Reasoning(BaseModel):
+    """``reasoning``: a summary may be asked for (there is no reasoning to summarise);
+    an effort other than none is a 400 (the models here do not reason)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none"] | None = Field(None, description="only none: no reasoning phase")
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        None, description="accepted: there is no reasoning, so nothing to summarise"
+    )
+    generate_summary: Literal["auto", "concise", "detailed"] | None = Field(
+        None, description="accepted: there is no reasoning, so nothing to summarise"
+    )
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -170,8 +185,8 @@ class ResponseRequest(BaseModel):
     top_p: ranges.TopP = None
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: none")
     text: TextConfig | None = None
-    reasoning: dict[str, Any] | None = Field(
-        None, description="only null: this server's models have no reasoning phase yet"
+    reasoning: Reasoning | None = Field(
+        None, description="no effort: this server's models have no reasoning phase yet"
     )
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
@@ -186,6 +201,9 @@ class ResponseRequest(BaseModel):
         None, max_length=16, description="only reasoning.encrypted_content (there is none)"
     )
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    client_metadata: dict[str, Any] | None = Field(
+        None, max_length=64, description="accepted, no effect: the client's own bookkeeping"
+    )
     user: str | None = Field(None, description="accepted, no effect")
     safety_identifier: str | None = Field(None, description="accepted, no effect")
     service_tier: str | None = Field(None, description="accepted, no effect")

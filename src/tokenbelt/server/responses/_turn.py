@@ -92,6 +92,8 @@ class Turn:
         self._open: dict[str, Any] | None = None
         #: the open message's text so far
         self._written = ""
+        #: more for the final object's ``tokenbelt`` (what the request had left out...)
+        self.extension: dict[str, Any] = {}
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -228,7 +230,7 @@ class Turn:
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
         if status == "failed":
             self.response["error"] = _error(reason, failed)
-        self.response["tokenbelt"] = tokenbelt_final(stream)
+        self.response["tokenbelt"] = {**tokenbelt_final(stream), **self.extension}
         events.append(self.event(_TERMINAL[status], response=self.snapshot()))
         self.finished.set()
         return events
