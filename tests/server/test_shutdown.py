@@ -9,6 +9,7 @@ it lasts.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -134,3 +135,32 @@ def test_an_idle_server_exits_at_once(harness: Harness) -> None:
     harness.begin_shutdown()
     harness.thread.join(NET)
     assert not harness.thread.is_alive()
+
+
+def test_a_streamed_response_gets_its_terminal_event_on_shutdown(
+    harness: Harness, engine: HeldStep
+) -> None:
+    events: list[dict[str, Any]] = []
+
+    def read() -> None:
+        body = {"input": "hi", "stream": True}
+        with httpx.stream("POST", f"{harness.url}/v1/responses", json=body, timeout=NET) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    trace = harness.recorder.nth(0)
+    assert engine.inside.wait(NET)
+    harness.begin_shutdown()
+    harness.recorder.wait(trace, "cancel_requested")
+    engine.done.set()
+    reader.join(NET)
+    harness.thread.join(NET)
+    terminal = [e for e in events if e["type"].startswith("response.") and "response" in e]
+    assert events[-1]["type"] == "response.failed"
+    assert [e["type"] for e in terminal].count("response.failed") == 1
+    final = events[-1]["response"]
+    assert final["error"]["code"] == "shutdown"
+    assert final["tokenbelt"]["end_reason"] == "shutdown"

@@ -219,7 +219,8 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="TYPE",
         help="leave built-in tools of TYPE (web_search, namespace...) out of a /v1/responses "
-        "request instead of refusing it (repeatable; each is named in tokenbelt.skipped_tools)",
+        "request instead of refusing it (repeatable; each is named in tokenbelt.skipped_tools; "
+        "default: none, every built-in tool is refused by name)",
     )
     p.add_argument(
         "--responses-ttl",
