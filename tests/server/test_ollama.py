@@ -230,7 +230,7 @@ def test_embeddings_are_a_clear_error(client: ollama.Client, served: Served) -> 
     ("kwargs", "param"),
     [
         ({"format": {"type": "strange"}}, "format"),
-        ({"format": {"type": "integer", "maximum": 3}}, "format"),
+        ({"format": {"type": "integer", "minimum": 5, "maximum": 3}}, "format"),
         ({"options": {"mirostat": 1}}, "options.mirostat"),
         ({"options": {"num_ctx": 10**7}}, "options.num_ctx"),
         ({"think": True}, "think"),
