@@ -193,7 +193,9 @@ class _Making:
         return [e for delta in self.deltas.feed(piece) for e in self.turn.feed(delta)]
 
     def finish(self, failed: Exception | None) -> list[dict[str, Any]]:
-        events = [e for delta in self.deltas.finish() for e in self.turn.feed(delta)]
+        # As /v1 does: a reply that did not end on its own may have cut a call short.
+        ended_early = self.stream.end_reason is not EndReason.STOP
+        events = [e for delta in self.deltas.finish(ended_early) for e in self.turn.feed(delta)]
         events += self.turn.finish(self.stream, bool(self.plan.calls), failed)
         if self.keep is not None:
             store = self.memory.store
