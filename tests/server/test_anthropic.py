@@ -5,6 +5,7 @@ leaving a stream early."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from .conftest import (
     ServeFactory,
     SharedServer,
     StallingEngine,
+    collect,
     real_runtime,
     scripted_runtime,
     shared_server,
@@ -452,3 +454,133 @@ def test_bad_tool_input_is_a_400_naming_the_field(
         assert error.body["error"]["type"] == "invalid_request_error"
         assert named in error.body["error"]["message"]
     assert served.recorder.events == []
+
+
+def count(served: Served, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{served.url}/v1/messages/count_tokens", json=body, timeout=NET)
+
+
+def test_system_messages_join_the_system_text_in_order(served: Served) -> None:
+    base = {"model": name(served), "system": [{"type": "text", "text": "You are brief."}]}
+    mid: list[Any] = [
+        {"role": "system", "content": "Speak French."},
+        *SEA,
+        {"role": "system", "content": [{"type": "text", "text": "Be kind."}]},
+    ]
+    merged = count(served, {**base, "messages": mid}).json()["input_tokens"]
+    system = "You are brief.\n\nSpeak French.\n\nBe kind."
+    alone = count(served, {**base, "system": system, "messages": SEA}).json()["input_tokens"]
+    assert merged == alone
+    refused = [
+        ({"messages": [{"role": "system", "content": "Hi."}]}, "'messages'"),
+        ({"messages": [*mid, {"role": "assistant", "content": "Le"}, mid[0]]}, "messages[3]"),
+        (
+            {"messages": [*SEA, {"role": "system", "content": [{"type": "image"}]}]},
+            "messages[1].content[0].type",
+        ),
+    ]
+    for change, named in refused:
+        answer = count(served, {**base, **change})
+        assert answer.status_code == 400
+        assert named in answer.json()["error"]["message"]
+    assert served.recorder.events == []
+
+
+ACCEPTED: list[dict[str, Any]] = [
+    {"thinking": {"type": "disabled"}},
+    {"thinking": {"type": "adaptive"}},
+    {"thinking": {"type": "adaptive", "display": "omitted"}},
+    {"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
+    {"output_config": {"effort": "high"}},
+]
+
+
+@pytest.mark.parametrize("option", ACCEPTED, ids=lambda o: json.dumps(o))
+def test_options_that_ask_for_no_thinking_are_accepted(served: Served, option: Any) -> None:
+    body = {"model": name(served), "messages": SEA}
+    assert count(served, {**body, **option}).json() == count(served, body).json()
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking.type"),
+        ({"thinking": {"type": "adaptive", "budget_tokens": 2048}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            "context_management.edits[0].type",
+        ),
+        ({"output_config": {"effort": "low"}}, "output_config.effort"),
+        ({"output_config": {"effort": "max"}}, "output_config.effort"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
+    ],
+    ids=["enabled", "budget", "unknown", "clear-tool-uses", "low", "max", "format"],
+)
+def test_options_that_would_change_the_answer_are_refused(
+    client: anthropic.Anthropic, served: Served, option: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=name(served), max_tokens=8, messages=SEA, extra_body=option)
+    assert count(served, {"model": name(served), "messages": SEA, **option}).status_code == 400
+    assert isinstance(refused.value.body, dict)
+    assert named in refused.value.body["error"]["message"]
+    assert served.recorder.events == []
+
+
+CLAUDE_CODE = json.loads((Path(__file__).parent / "fixtures/claude_code_messages.json").read_text())
+#: two tools of the recording, with integer bounds (Read), a bound too long to spell out,
+#: annotations alone and a pattern (Workflow): ~1,100 prompt tokens; all 25 make ~7,300
+#: (their schemas are all planned in the test above)
+SAMPLED_TOOLS = ("Read", "Workflow")
+
+
+def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) -> None:
+    body = CLAUDE_CODE["body"]
+    assert len(body["tools"]) == 25
+    prompt = {k: v for k, v in body.items() if k not in ("max_tokens", "stream", "metadata")}
+    prompt["model"] = name(served)  # recorded as ANTHROPIC_MODEL=smollm2-135m
+    answer = httpx.post(
+        f"{served.url}/v1/messages/count_tokens",
+        json=prompt,
+        headers=CLAUDE_CODE["headers"],
+        timeout=NET,
+    )
+    # Every field, block and tool schema passed (the tools' grammar is planned before the
+    # count): what stops it is only its length, beyond this server's 4,096 per sequence.
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]["message"]
+    assert re.fullmatch(r"the prompt has \d+ tokens but each sequence holds 4096 .*", message)
+    assert int(message.split()[3]) > 5000
+
+
+def test_a_claude_code_request_streams_an_anthropic_message(served: Served) -> None:
+    body = dict(CLAUDE_CODE["body"])
+    body["tools"] = [t for t in body["tools"] if t["name"] in SAMPLED_TOOLS]
+    body["max_tokens"] = 8
+    body["model"] = name(served)
+    assert body["stream"] is True  # as recorded
+    with httpx.stream(
+        "POST",
+        served.url + CLAUDE_CODE["path"],  # ?beta=true, and the anthropic-beta header
+        json=body,
+        headers=CLAUDE_CODE["headers"],
+        timeout=NET,
+    ) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in answer.iter_lines() if line]
+    names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
+    events = collect(lines)
+    assert [e["type"] for e in events] == names
+    assert names[0] == "message_start"
+    assert names[-2:] == ["message_delta", "message_stop"]
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    stops = [e for e in events if e["type"] == "content_block_stop"]
+    assert [e["index"] for e in starts] == [e["index"] for e in stops] == list(range(len(starts)))
+    assert starts
+    delta = events[-2]
+    assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+    trace = served.recorder.nth(0)
+    assert events[0]["message"]["usage"]["input_tokens"] == trace.prompt_tokens
+    assert delta["usage"]["output_tokens"] == trace.completion_tokens <= 8

@@ -188,3 +188,28 @@ def test_what_the_grammar_leaves_is_checked_after_and_the_rest_is_refused() -> N
         check_enforceable({"properties": {"c": {"type": "string", "format": "credit-card"}}})
     with pytest.raises(InvalidArgument, match="admit no value"):
         schema_grammar({"type": "integer", "minimum": 5, "maximum": 4})
+
+
+def test_a_schema_of_annotations_only_is_any_json_value(accepts: Accepts) -> None:
+    # Claude Code's Workflow tool: ``"args": {"description": "..."}``, any value at all.
+    grammar = schema_grammar({"description": "any value", "title": "args"})
+    for text in ('{"a": [1, null]}', "[1, 2]", '"text"', "3.5", "true", "null"):
+        assert accepts(grammar, text), text
+    assert not accepts(grammar, "{")
+    assert check_enforceable({"description": "any value"}).checked_after == ()
+    # A bare {} stays the converter's object (a tool's parameters without arguments).
+    assert not accepts(schema_grammar({}), "[1]")
+
+
+def test_a_bound_too_long_to_spell_out_is_checked_after(accepts: Accepts) -> None:
+    # Claude Code's Workflow ``script``: a maxLength of 524,288 was a 4 MB grammar.
+    schema = {"type": "string", "minLength": 2, "maxLength": 524_288}
+    grammar = schema_grammar(schema)
+    assert len(grammar.gbnf) < 2000
+    assert accepts(grammar, '"' + "x" * 5000 + '"')
+    assert not accepts(grammar, '"x"')  # the minimum is still the grammar's
+    items = {"type": "array", "items": {"type": "integer"}, "maxItems": 100_000}
+    assert len(schema_grammar(items).gbnf) < 2000
+    audit = check_enforceable({"properties": {"s": schema, "i": items}})
+    assert audit.checked_after == ("maxLength at properties.s", "maxItems at properties.i")
+    assert check_enforceable({"type": "string", "maxLength": 4096}).checked_after == ()

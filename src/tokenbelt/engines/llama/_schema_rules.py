@@ -9,7 +9,9 @@ beyond date, time, date-time and uuid. ``Converter`` is that converter with:
 - integer ``multipleOf``, exactly when the range holds few multiples (they are listed)
   or has no bounds (the residues modulo the step, digit by digit);
 - number bounds as far as a grammar can go: the sign and the integer part, no exponent;
-- the formats email, hostname, ipv4, ipv6, duration and uri.
+- the formats email, hostname, ipv4, ipv6, duration and uri;
+- a schema of annotations only (``description``...) as any JSON value;
+- a ``maxLength`` or ``maxItems`` above ``MAX_REPEATED`` left out (checked after).
 
 ``audit`` walks a schema and sorts its keywords: what the grammar cannot enforce
 exactly is checked after the reply (``checked_after``, validated with ``jsonschema``);
@@ -34,6 +36,11 @@ MAX_LISTED = 512
 #: an unbounded ``multipleOf`` up to this step is a residue automaton (a rule per residue)
 MAX_RESIDUES = 256
 
+#: a ``maxLength`` or ``maxItems`` above this is left to validation: the converter spells a
+#: bound out as that many optional rules (Claude Code's Workflow ``script`` has a
+#: ``maxLength`` of 524,288, a grammar of megabytes), which llama.cpp expands again
+MAX_REPEATED = 4096
+_LIMITS = ("maxLength", "maxItems")
 #: keywords the converter does not enforce and no rule here does: checked after the reply
 _VALIDATED_ONLY = frozenset(
     {
@@ -44,6 +51,11 @@ _VALIDATED_ONLY = frozenset(
     }
 )  # fmt: skip
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+#: JSON Schema's annotations: they describe a value and constrain nothing
+_ANNOTATIONS = frozenset(
+    {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly",
+     "writeOnly"}
+)  # fmt: skip
 
 
 def _digits(lo: str, hi: str) -> str:
@@ -295,6 +307,14 @@ def _converter_class() -> Any:
         def visit(self, schema: dict[str, Any], name: str) -> str:
             kind = schema.get("type")
             rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+            if schema and not schema.keys() - _ANNOTATIONS:
+                # Any JSON value (Claude Code's Workflow ``args``); the converter asserts
+                # on it. A bare ``{}`` stays the converter's object: tool parameters
+                # ``{}`` mean a call with no arguments, and its arguments are an object.
+                value = self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])
+                return str(self._add_rule(rule, value))
+            if any(_too_long(schema, k) for k in _LIMITS):
+                schema = {k: v for k, v in schema.items() if not _too_long(schema, k)}
             plain = not any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum"))
             if plain and kind == "integer":
                 lo, hi = _integer_bounds(schema)
@@ -344,6 +364,11 @@ class Audit:
     checked_after: tuple[str, ...] = ()
 
 
+def _too_long(schema: dict[str, Any], key: str) -> bool:
+    limit = schema.get(key)
+    return isinstance(limit, int) and limit > MAX_REPEATED
+
+
 def _validator_formats() -> frozenset[str]:
     from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
@@ -367,6 +392,7 @@ def _inexact(schema: dict[str, Any]) -> list[str]:
     fmt = schema.get("format")
     if fmt is not None and fmt not in FORMATS | CONVERTER_FORMATS:
         found.append("format")
+    found += [k for k in _LIMITS if _too_long(schema, k) and k not in found]
     return found
 
 

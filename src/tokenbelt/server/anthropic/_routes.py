@@ -198,6 +198,7 @@ async def _events(stream: Stream, model: str, plan: ToolPlan) -> AsyncIterator[o
 
 
 def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
+    body.check()
     return plan_tools(body.turns(), body.openai_tools(), body.openai_choice(), model.template_tools)
 
 

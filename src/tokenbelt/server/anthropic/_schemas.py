@@ -5,9 +5,17 @@ planner takes (``core.plan_tools``): a ``tool_use`` block is an assistant turn's
 ``tool_result`` block a ``tool`` turn with its ``tool_call_id``. Only ``custom`` tools
 (name, description, ``input_schema``) can be had: Anthropic's server tools (web search,
 bash, the text editor, code execution...) run on Anthropic's side, and are refused by
-their type. Unknown fields (``thinking``...) are refused by name. Two fields that ask
-nothing of the model are accepted and have no effect: ``metadata`` (a caller's own
-labels) and ``cache_control``, on the request, a block or a tool (a prompt-caching hint).
+their type. Unknown fields are refused by name. Two fields that ask nothing of the
+model are accepted and have no effect: ``metadata`` (a caller's own labels) and
+``cache_control``, on the request, a block or a tool (a prompt-caching hint); so are
+``thinking``, ``context_management`` and ``output_config`` where their value asks for
+nothing this server would do otherwise (``_options``).
+
+A ``system`` message inside ``messages`` (Anthropic's mid-conversation system message,
+which Claude Code sends after the first user turn) is system text: Anthropic applies it
+as a system instruction where it sits. Chat templates take one system prompt, first (many
+refuse a system turn anywhere else), so each one joins the ``system`` text, in order, a
+blank line between them.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core import TokenbeltOptions, UnsupportedParameter
+from ._options import ContextManagement, OutputConfig, Thinking
 
 #: HTTP status -> Anthropic's error type
 _TYPES = {
@@ -147,7 +156,7 @@ def _turns(role: str, content: str | list[Any], where: str) -> list[dict[str, An
 class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[Any]
 
 
@@ -183,23 +192,45 @@ class CountTokensRequest(BaseModel):
     system: str | list[TextBlock] | None = None
     tools: list[Any] | None = Field(None, max_length=1024)
     tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    context_management: ContextManagement | None = None
+    output_config: OutputConfig | None = None
+
+    def check(self) -> None:
+        """Refuse by name the option values that ask for what this server does not do."""
+        for option in (self.thinking, self.context_management, self.output_config):
+            if option is not None:
+                option.check()
 
     def turns(self) -> list[dict[str, Any]]:
-        """The conversation as OpenAI-shaped messages, the system prompt first."""
-        out: list[dict[str, Any]] = []
+        """The conversation as OpenAI-shaped messages, the system prompt first (with the
+        ``system`` messages' text after it, in order)."""
+        system: list[str] = []
         if isinstance(self.system, str) and self.system:
-            out.append({"role": "system", "content": self.system})
+            system.append(self.system)
         elif isinstance(self.system, list) and self.system:
-            out.append({"role": "system", "content": "".join(b.text for b in self.system)})
+            system.append("".join(b.text for b in self.system))
+        out: list[dict[str, Any]] = []
+        last: int | None = None
         for i, m in enumerate(self.messages):
+            if m.role == "system":
+                text = _text(m.content, f"messages[{i}].content")
+                if text:
+                    system.append(text)
+                continue
+            last = i
             out.extend(_turns(m.role, m.content, f"messages[{i}]"))
-        if self.messages[-1].role == "assistant":
+        if last is None:
+            raise UnsupportedParameter("messages", "system messages alone; send a user turn")
+        if self.messages[last].role == "assistant":
             # Anthropic continues a final assistant turn; tokenbelt's chat template would
             # start a new one instead, so say so rather than answer something else.
             raise UnsupportedParameter(
-                f"messages[{len(self.messages) - 1}]",
+                f"messages[{last}]",
                 "a final assistant turn to continue (prefill); end with a user turn",
             )
+        if system:
+            out.insert(0, {"role": "system", "content": "\n\n".join(system)})
         return out
 
     def openai_tools(self) -> list[dict[str, Any]]:
