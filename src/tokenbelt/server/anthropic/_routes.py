@@ -47,6 +47,8 @@ PREFIX = "/v1/messages"
 API = "anthropic"
 
 Event = tuple[str, dict[str, Any]]
+#: what a stream writes while it has nothing to send (Anthropic's API sends the same)
+PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 
 def sse_event(event: object) -> bytes:
@@ -212,7 +214,11 @@ async def messages(body: MessagesRequest, path: Serving) -> Response:
     headers = {"request-id": stream.request_id}
     if body.stream:
         return path.streaming(
-            stream, _events(stream, model.name, plan), headers=headers, encode=sse_event
+            stream,
+            _events(stream, model.name, plan),
+            headers=headers,
+            encode=sse_event,
+            keepalive=PING,
         )
     return path.answer(
         stream, lambda s: _render(s, model.name, plan), shape=error_shape, headers=headers

@@ -25,6 +25,7 @@ from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._middleware import CALLER, REQUEST_ID
 from ._options import TokenbeltOptions
 from ._responses import (
+    SSE_KEEPALIVE,
     DeferredResponse,
     Encode,
     EventStreamResponse,
@@ -123,15 +124,18 @@ class RequestPath:
         encode: Encode = sse,
         media_type: str = "text/event-stream; charset=utf-8",
         also: Sequence[Stream] = (),
+        keepalive: bytes | None = SSE_KEEPALIVE,
     ) -> Response:
         """A streamed body; a client that goes away ends the request ``client_disconnect``
         (and the requests of the other choices, ``also``, when it asked for several).
 
         A client whose socket takes nothing for the server's reader timeout ends it
-        ``reader_timeout`` (and its connection is closed).
+        ``reader_timeout`` (and its connection is closed). While no event comes for the
+        server's ``keepalive_s``, ``keepalive`` is written (None: nothing, as for NDJSON).
         """
         head = {"x-request-id": stream.request_id, **(headers or {})}
         streams = [stream, *also]
+        every = self.state.settings.keepalive_s
         return Asgi(
             EventStreamResponse(
                 _stop_all(streams, disconnect),
@@ -141,6 +145,7 @@ class RequestPath:
                 media_type=media_type,
                 reader_timeout=self.state.settings.reader_timeout,
                 gone=_stop_all(streams, reader_gone),
+                keepalive=(every, keepalive) if keepalive and every else None,
             )
         )
 

@@ -8,6 +8,8 @@ whether it is queued, in prefill or decoding). Nothing polls per token.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
@@ -21,6 +23,9 @@ from ._h11 import ABORT_EXTENSION
 
 #: what a response calls when its client goes away (and whenever it ends, to be sure)
 Stop = Callable[[], object]
+#: what an SSE stream writes when it has had nothing to send for a while: a comment line,
+#: which every SSE parser skips (Anthropic's dialect sends its own ``ping`` event)
+SSE_KEEPALIVE = b": keepalive\n\n"
 #: turns one event of a body into the bytes written for it
 Encode = Callable[[object], bytes]
 
@@ -80,6 +85,11 @@ class EventStreamResponse:
     With ``reader_timeout``, a write the socket has not taken after that many seconds
     calls ``gone`` (for a generation: ``reader_timeout``) and closes the connection
     through the server's ``tokenbelt.connection`` abort extension where it has one.
+
+    With ``keepalive`` (seconds, bytes), a stream that has had no event for that long
+    (a long prompt's prefill, a queue) writes those bytes, so that a client whose
+    HTTP stack gives up on a silent body (Node's undici does after 300 s) keeps
+    waiting. The next event is awaited all along: nothing is cancelled or restarted.
     """
 
     def __init__(
@@ -92,8 +102,10 @@ class EventStreamResponse:
         media_type: str = "text/event-stream; charset=utf-8",
         reader_timeout: float | None = None,
         gone: Stop | None = None,
+        keepalive: tuple[float, bytes] | None = None,
     ) -> None:
         self.stop = stop
+        self.keepalive = keepalive
         self.gone = gone or stop
         self.reader_timeout = reader_timeout
         self.events = events
@@ -122,14 +134,17 @@ class EventStreamResponse:
                     }
                 )
                 async for event in self.events:
+                    body = self.encode(event)
+                    async with lock:
+                        await timed_send(
+                            {"type": "http.response.body", "body": body, "more_body": True}
+                        )
+                        last[0] = time.monotonic()
+                async with lock:
+                    finished.set()
                     await timed_send(
-                        {
-                            "type": "http.response.body",
-                            "body": self.encode(event),
-                            "more_body": True,
-                        }
+                        {"type": "http.response.body", "body": b"", "more_body": False}
                     )
-                await timed_send({"type": "http.response.body", "body": b"", "more_body": False})
             except _ReaderGone:
                 self.gone()
                 _abort(scope)
@@ -138,9 +153,37 @@ class EventStreamResponse:
             finally:
                 group.cancel_scope.cancel()
 
+        async def keep_alive(group: anyio.abc.TaskGroup, every: float, ping: bytes) -> None:
+            # Beside the writer, not around it: each event goes out as it comes, and
+            # only a silence as long as ``every`` gets a ping between two of them.
+            try:
+                while not finished.is_set():
+                    await anyio.sleep(max(0.0, last[0] + every - time.monotonic()))
+                    async with lock:
+                        if finished.is_set() or time.monotonic() - last[0] < every:
+                            continue
+                        await timed_send(
+                            {"type": "http.response.body", "body": ping, "more_body": True}
+                        )
+                        last[0] = time.monotonic()
+            except _ReaderGone:
+                self.gone()
+                _abort(scope)
+                group.cancel_scope.cancel()
+            except OSError:
+                self.stop()
+                group.cancel_scope.cancel()
+
+        # asyncio's lock takes an uncontended acquire without yielding (anyio's checkpoints
+        # there), so a token's write costs no extra turn of the event loop.
+        lock = asyncio.Lock()
+        finished = anyio.Event()
+        last = [time.monotonic()]
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(_listen_for_disconnect, receive, self.stop, group.cancel_scope)
+                if self.keepalive is not None:
+                    group.start_soon(keep_alive, group, *self.keepalive)
                 await write(group)
         finally:
             # Whatever ended the response, the model must not keep generating.

@@ -57,6 +57,9 @@ class ServerSettings:
     #: (a client such as Codex always sends its ``web_search``); each is named in the
     #: response's ``tokenbelt.skipped_tools``
     responses_skip_tools: tuple[str, ...] = ()
+    #: seconds a stream may send nothing (a long prefill, a queue) before it writes a
+    #: keepalive (an SSE comment; Anthropic's ``ping``); None: never
+    keepalive_s: float | None = 15.0
     #: seconds a stream's socket may accept nothing before it ends ``reader_timeout``
     reader_timeout: float | None = 30.0
     #: seconds for a request's head and body to arrive before the connection is closed
@@ -74,7 +77,7 @@ class ServerSettings:
             raise InvalidArgument("responses_store_bytes must be >= 0 (0: no store)")
         if not self.responses_ttl_s > 0:
             raise InvalidArgument("responses_ttl_s must be > 0 seconds")
-        for name in ("reader_timeout", "read_timeout"):
+        for name in ("reader_timeout", "read_timeout", "keepalive_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InvalidArgument(f"{name} must be > 0 seconds (None: no limit)")

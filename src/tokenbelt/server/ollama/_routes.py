@@ -222,6 +222,7 @@ async def _run(
             _events(submitted, model.name, chat, plan),
             encode=ndjson,
             media_type=NDJSON,
+            keepalive=None,  # a blank line is not a JSON object to Ollama's clients
         )
 
     def render(s: Stream) -> dict[str, Any]:
