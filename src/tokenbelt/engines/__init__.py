@@ -38,10 +38,12 @@ from ._statistics import (
 from .llama import (
     CALL_ARGUMENTS,
     CALL_PREFIX,
+    TOOL_FORMATS,
     BatchEngine,
     GrammarCacheInfo,
     GrammarSampler,
     LlamaEngine,
+    call_arguments,
     chat_formatter,
     check_enforceable,
     check_gguf_file,
@@ -58,6 +60,7 @@ from .llama import (
     schema_cache_info,
     schema_grammar,
     template_tools,
+    tool_format,
     usable_cores,
 )
 from .remote import RemoteEngine, Upstream, UpstreamModel, UpstreamPool, list_models, request_body
@@ -73,6 +76,7 @@ __all__ = [
     "ROLES",
     "SAMPLING_KEYS",
     "SAMPLING_RANGES",
+    "TOOL_FORMATS",
     "BatchEngine",
     "BatchStatistics",
     "Engine",
@@ -98,6 +102,7 @@ __all__ = [
     "WorkerEngine",
     "WorkerState",
     "WorkerStatistics",
+    "call_arguments",
     "chat_formatter",
     "check_enforceable",
     "check_gguf_file",
@@ -121,5 +126,6 @@ __all__ = [
     "schema_cache_info",
     "schema_grammar",
     "template_tools",
+    "tool_format",
     "usable_cores",
 ]
