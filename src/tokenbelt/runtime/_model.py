@@ -415,7 +415,7 @@ class Model:
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        shape = structure(schema, tools, tool_choice)
+        shape = structure(schema, tools, tool_choice, self.tool_format)
         tools_text = None
         if shape is not None and shape.tools and messages is not None:
             own = self.template_tools
