@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader
 
+from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE
 from tokenbelt.belt import invariants
 from tokenbelt.models import default_model_path
 
@@ -178,3 +179,23 @@ def tool_template_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("gguf") / "smollm2-tools.gguf"
     with_template(Path(default_model_path()), path, TOOLS_TEMPLATE)
     return path
+
+
+#: a test GGUF per tool-call family: the embedded model with that family's template
+NATIVE_TEMPLATES = {
+    "hermes": TOOLS_TEMPLATE,
+    "llama3": LLAMA3_TEMPLATE,
+    "mistral": MISTRAL_TEMPLATE,
+}
+
+
+@pytest.fixture(scope="session")
+def native_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The embedded model with each family's chat template (``NATIVE_TEMPLATES``), by
+    family: GGUF copies written once per session."""
+    folder = tmp_path_factory.mktemp("native-gguf")
+    paths = {}
+    for family, template in NATIVE_TEMPLATES.items():
+        paths[family] = folder / f"smollm2-{family}.gguf"
+        with_template(Path(default_model_path()), paths[family], template)
+    return paths

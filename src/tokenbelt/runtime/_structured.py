@@ -512,6 +512,11 @@ class CallStream:
         args = self._arguments() or ""
         held = self.format.held.search(args)
         ready = args[: held.start()] if held else args
+        if "}" in args:  # complete arguments end there: what follows is not theirs
+            try:
+                ready = args[: json.JSONDecoder().raw_decode(args)[1]]
+            except ValueError:
+                pass
         if len(ready) > len(self._sent) and ready.startswith(self._sent):
             events.append(("arguments", ready[len(self._sent) :]))
             self._sent = ready

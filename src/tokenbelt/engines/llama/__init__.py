@@ -22,6 +22,7 @@ from ._loading import check_gguf_file, load_with_deadline
 from ._native import (
     TOOL_FORMATS,
     chat_formatter,
+    format_of_template,
     load_vocab,
     prompt_tokens,
     template_tools,
@@ -53,6 +54,7 @@ __all__ = [
     "check_threads",
     "clear_schema_cache",
     "default_threads",
+    "format_of_template",
     "functions_grammar",
     "json_object_grammar",
     "load_vocab",
