@@ -34,6 +34,7 @@ JSON). One call per reply.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -513,10 +514,8 @@ class CallStream:
         held = self.format.held.search(args)
         ready = args[: held.start()] if held else args
         if "}" in args:  # complete arguments end there: what follows is not theirs
-            try:
+            with contextlib.suppress(ValueError):
                 ready = args[: json.JSONDecoder().raw_decode(args)[1]]
-            except ValueError:
-                pass
         if len(ready) > len(self._sent) and ready.startswith(self._sent):
             events.append(("arguments", ready[len(self._sent) :]))
             self._sent = ready
