@@ -6,7 +6,7 @@ import asyncio
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -190,12 +190,15 @@ NATIVE_TEMPLATES = {
 
 
 @pytest.fixture(scope="session")
-def native_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The embedded model with each family's chat template (``NATIVE_TEMPLATES``), by
-    family: GGUF copies written once per session."""
+def native_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``native_model(family)``: the embedded model with that family's chat template
+    (``NATIVE_TEMPLATES``), a GGUF copy written on first use and kept for the session."""
     folder = tmp_path_factory.mktemp("native-gguf")
-    paths = {}
-    for family, template in NATIVE_TEMPLATES.items():
-        paths[family] = folder / f"smollm2-{family}.gguf"
-        with_template(Path(default_model_path()), paths[family], template)
-    return paths
+
+    def path(family: str) -> Path:
+        target = folder / f"smollm2-{family}.gguf"
+        if not target.exists():
+            with_template(Path(default_model_path()), target, NATIVE_TEMPLATES[family])
+        return target
+
+    return path

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,9 @@ def family(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def served(serve: ServeFactory, native_models: dict[str, Path], family: str) -> Served:
+def served(serve: ServeFactory, native_model: Callable[[str], Path], family: str) -> Served:
     runtime = Runtime(keep_alive=None)
-    runtime.load(str(native_models[family]))
+    runtime.load(str(native_model(family)))
     return serve(runtime)
 
 
