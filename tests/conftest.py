@@ -6,12 +6,13 @@ import asyncio
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 from gguf import GGUFReader
 
+from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE
 from tokenbelt.belt import invariants
 from tokenbelt.models import default_model_path
 
@@ -177,4 +178,27 @@ def tool_template_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded model with ``TOOLS_TEMPLATE`` as its chat template (a GGUF copy)."""
     path = tmp_path_factory.mktemp("gguf") / "smollm2-tools.gguf"
     with_template(Path(default_model_path()), path, TOOLS_TEMPLATE)
+    return path
+
+
+#: a test GGUF per tool-call family: the embedded model with that family's template
+NATIVE_TEMPLATES = {
+    "hermes": TOOLS_TEMPLATE,
+    "llama3": LLAMA3_TEMPLATE,
+    "mistral": MISTRAL_TEMPLATE,
+}
+
+
+@pytest.fixture(scope="session")
+def native_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``native_model(family)``: the embedded model with that family's chat template
+    (``NATIVE_TEMPLATES``), a GGUF copy written on first use and kept for the session."""
+    folder = tmp_path_factory.mktemp("native-gguf")
+
+    def path(family: str) -> Path:
+        target = folder / f"smollm2-{family}.gguf"
+        if not target.exists():
+            with_template(Path(default_model_path()), target, NATIVE_TEMPLATES[family])
+        return target
+
     return path

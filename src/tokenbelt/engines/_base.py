@@ -47,6 +47,8 @@ class LoopEngine(Protocol):
     slots: int
     #: whether its chat template renders tools itself (then requests carry ``tools``)
     template_tools: bool
+    #: the tool-call family its chat template is written for (``TOOL_FORMATS``)
+    tool_format: str
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenise the request's prompt; raises ``PromptTooLong`` if it cannot fit.

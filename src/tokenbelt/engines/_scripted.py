@@ -31,6 +31,7 @@ class ScriptedEngine(OnThreads):
     name = "scripted"
     #: no chat template: tools are described in the messages
     template_tools = False
+    tool_format = "tokenbelt"
 
     def __init__(
         self,

@@ -105,6 +105,7 @@ class Model:
         self._draining = False
         self._context_length = 0
         self._template_tools = False
+        self._tool_format = "tokenbelt"
         self.loaded_at: float | None = None
         self._load()
 
@@ -133,6 +134,7 @@ class Model:
             # Remembered for while the model is unloaded for being idle.
             self._context_length = engines[0].context_length if engines else 0
             self._template_tools = bool(engines and engines[0].template_tools)
+            self._tool_format = engines[0].tool_format if engines else "tokenbelt"
             self._state = ModelState.READY
             self._changed.notify_all()
         self.loaded_at = time.monotonic()
@@ -160,6 +162,14 @@ class Model:
         passes them to it); otherwise the documented ``<tools>`` system text describes
         them. Kept while the model is unloaded for being idle."""
         return self._template_tools
+
+    @property
+    def tool_format(self) -> str:
+        """The tool-call family its calls are prompted, generated and parsed in:
+        ``hermes``, ``llama3`` or ``mistral`` when its chat template renders tools in
+        that family's format, else ``tokenbelt`` (the documented ``<tool_call>``
+        format). Kept while the model is unloaded for being idle."""
+        return self._tool_format
 
     def statistics(self) -> SchedulerStatistics:
         if self._scheduler is None:
@@ -405,7 +415,7 @@ class Model:
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        shape = structure(schema, tools, tool_choice)
+        shape = structure(schema, tools, tool_choice, self.tool_format)
         tools_text = None
         if shape is not None and shape.tools and messages is not None:
             own = self.template_tools

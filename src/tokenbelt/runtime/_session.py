@@ -70,7 +70,7 @@ class ChatSession:
         """
         if not isinstance(text, str):
             raise InvalidArgument(f"a chat turn is a string, got {type(text).__name__}")
-        shape = structure(schema, tools, tool_choice)
+        shape = structure(schema, tools, tool_choice, self.model.tool_format)
         with self._lock:
             if self._active is not None and self._active.end_reason is None:
                 raise IllegalState("the previous turn is still running; cancel or finish it")

@@ -12,16 +12,30 @@ one documented prompt format (the one Hermes and Qwen models are trained on):
 - an assistant turn that called tools is rendered as its text followed by its calls, and
   a tool's result as a user turn ``<tool_response>...</tool_response>``.
 
-Either way a call is the ``<tool_call>`` JSON above, which the grammar enforces.
+A model whose template renders tools in a family's own call format
+(``Model.tool_format``) is generated and parsed in that format (``CallFormat``):
+
+- ``hermes`` (Hermes, Qwen): the ``<tool_call>`` JSON above;
+- ``llama3`` (Llama 3.1/3.2): ``{"name": "f", "parameters": {...}}``, with or without
+  ``<|python_tag|>`` before it, ending the reply;
+- ``mistral``: ``[TOOL_CALLS][{"name": "f", "arguments": {...}}]`` (call ids are nine
+  letters and digits, as Mistral's templates require).
+
+Otherwise (``tokenbelt``, the fallback) a call is the ``<tool_call>`` JSON above. The
+grammar enforces whichever form it is; an earlier call goes back to the template as
+``tool_calls``, which it renders in its own format.
 
 ``tool_choice``: ``none`` describes no tools and constrains nothing; ``required`` and a
 named function constrain the whole reply to one call; ``auto`` leaves the text free
 until the reply starts a call (a lazy grammar triggered by ``<tool_call>``), and from
-there the call is constrained. One call per reply.
+there the call is constrained (Llama 3.x: also when the reply starts with the call's
+JSON). One call per reply.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 import secrets
@@ -31,10 +45,11 @@ from typing import Any
 
 from .._errors import InvalidArgument
 from ..engines import (
-    CALL_ARGUMENTS,
     CALL_PREFIX,
+    TOOL_FORMATS,
     Grammar,
     Message,
+    call_arguments,
     functions_grammar,
     schema_grammar,
 )
@@ -43,11 +58,82 @@ from ._validation import check_reply as check_reply
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
-_CALL = re.compile(re.escape(TOOL_OPEN) + r"\s*(\{.*\})\s*" + re.escape(TOOL_CLOSE), re.DOTALL)
-#: what may follow the arguments' last character: closing braces, spaces, the closing tag
-_HELD = re.compile(
-    r"(?:\}\s*)+(?:<(?:/(?:t(?:o(?:o(?:l(?:_(?:c(?:a(?:l(?:l>?)?)?)?)?)?)?)?)?)?)?)?$"
-)
+
+
+def _prefixes(text: str) -> str:
+    """A regex matching any prefix of ``text`` (the empty one too)."""
+    out = ""
+    for ch in reversed(text):
+        out = f"(?:{re.escape(ch)}{out})?"
+    return out
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How one tool-call family writes a call: ``head``, the call's JSON
+    ``{"name": "f", "<key>": {...}}``, ``tail``."""
+
+    #: the family's name (one of ``TOOL_FORMATS``), said in ``tokenbelt.tool_format``
+    name: str
+    head: str
+    #: what closes a call ("": the call ends the reply)
+    tail: str
+    #: the arguments' key in the call's JSON
+    key: str = "arguments"
+    #: what starts a call in free text (None: all of ``head``)
+    marker: str | None = None
+    #: the call may come without ``head``, as the reply's JSON (Llama 3.x)
+    optional_head: bool = False
+    #: call ids are this many letters and digits (Mistral's templates check it)
+    id_length: int | None = None
+
+    @property
+    def opens(self) -> str:
+        return self.head if self.marker is None else self.marker
+
+    @property
+    def separator(self) -> str:
+        """What separates the name from the arguments in the grammar's form."""
+        return call_arguments(self.key)
+
+    @property
+    def held(self) -> re.Pattern[str]:
+        """What may follow the arguments' last character: braces, spaces, the tail."""
+        return _held(self.tail)
+
+    def new_id(self) -> str:
+        if self.id_length is None:
+            return new_call_id()
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        return "".join(secrets.choice(alphabet) for _ in range(self.id_length))
+
+
+@functools.lru_cache(maxsize=8)
+def _held(tail: str) -> re.Pattern[str]:
+    return re.compile(r"(?:\}\s*)+" + _prefixes(tail) + "$")
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        CallFormat("tokenbelt", TOOL_OPEN, TOOL_CLOSE),
+        CallFormat("hermes", TOOL_OPEN, TOOL_CLOSE),
+        CallFormat("llama3", "<|python_tag|>", "", key="parameters", optional_head=True),
+        CallFormat("mistral", "[TOOL_CALLS][", "]", marker="[TOOL_CALLS]", id_length=9),
+    )
+}
+assert tuple(FORMATS) == TOOL_FORMATS
+
+
+def call_format(name: str | CallFormat = "tokenbelt") -> CallFormat:
+    """The ``CallFormat`` of a family's name (``TOOL_FORMATS``)."""
+    if isinstance(name, CallFormat):
+        return name
+    try:
+        return FORMATS[name]
+    except KeyError:
+        known = ", ".join(TOOL_FORMATS)
+        raise InvalidArgument(f"no tool-call format {name!r}; the formats are {known}") from None
 
 
 @dataclass(frozen=True)
@@ -157,24 +243,37 @@ def tools_prompt(tools: Sequence[Tool], choice: str, json_answer: bool = False) 
     )
 
 
-def tools_grammar(tools: Sequence[Tool], choice: str, answer: object = None) -> Grammar | None:
-    """The grammar for ``choice``: None for ``none``, lazy for ``auto``. With ``answer``
-    (a JSON schema) under ``auto``, the reply is either a call or that schema's JSON."""
+def tools_grammar(
+    tools: Sequence[Tool],
+    choice: str,
+    answer: object = None,
+    tool_format: str | CallFormat = "tokenbelt",
+) -> Grammar | None:
+    """The grammar for ``choice`` in ``tool_format``'s call form: None for ``none``, lazy
+    for ``auto``. With ``answer`` (a JSON schema) under ``auto``, the reply is either a
+    call or that schema's JSON."""
     if choice == "none":
         return None
+    fmt = call_format(tool_format)
     chosen = [t for t in tools if choice in ("auto", "required") or t.name == choice]
     either = answer is not None and choice == "auto"
     return functions_grammar(
         [(t.name, dict(t.parameters)) for t in chosen],
-        head=TOOL_OPEN,
-        tail=TOOL_CLOSE,
+        head=fmt.head,
+        tail=fmt.tail,
         lazy=choice == "auto" and not either,
         answer=answer if either else None,
+        key=fmt.key,
+        marker=fmt.marker,
+        optional_head=fmt.optional_head,
     )
 
 
-def render_call(call: ToolCall) -> str:
-    return f"{TOOL_OPEN}{CALL_PREFIX}{call.name}{CALL_ARGUMENTS}{call.arguments}}}{TOOL_CLOSE}"
+def render_call(call: ToolCall, tool_format: str | CallFormat = "tokenbelt") -> str:
+    """A call as ``tool_format`` writes it (the grammar's own form)."""
+    fmt = call_format(tool_format)
+    body = f"{CALL_PREFIX}{call.name}{fmt.separator}{call.arguments}}}"
+    return f"{fmt.head}{body}{fmt.tail}"
 
 
 def render_messages(
@@ -251,35 +350,83 @@ def _call_from(c: object) -> ToolCall:
     return ToolCall(str(c.get("id") or ""), str(fn.get("name")), args)
 
 
-def split_call(body: str) -> tuple[str, str] | None:
-    """``{"name": ..., "arguments": ...}`` as (name, the arguments' exact JSON text)."""
-    body = body.lstrip()
+def split_call(body: str, key: str = "arguments") -> tuple[str, str] | None:
+    """``{"name": ..., "<key>": ...}`` as (name, the arguments' exact JSON text); text
+    after the object is ignored."""
+    found = _decode_call(body, key)
+    return None if found is None else found[:2]
+
+
+def _decode_call(body: str, key: str) -> tuple[str, str, int] | None:
+    """(name, arguments' JSON text, where the call's object ends in ``body``)."""
+    lead = len(body) - len(body.lstrip())
+    body = body[lead:]
+    separator = call_arguments(key)
     if body.startswith(CALL_PREFIX):  # the grammar's own form: keep the arguments' text
-        name, sep, rest = body[len(CALL_PREFIX) :].partition(CALL_ARGUMENTS)
+        name, sep, rest = body[len(CALL_PREFIX) :].partition(separator)
         if sep:
             try:
                 _, end = json.JSONDecoder().raw_decode(rest)
             except ValueError:
-                return None
-            return name, rest[:end]
+                pass
+            else:
+                after = rest[end:]
+                close = len(after) - len(after.lstrip())
+                if after[close : close + 1] == "}":
+                    at = lead + len(CALL_PREFIX) + len(name) + len(sep) + end + close + 1
+                    return name, rest[:end], at
     try:
-        obj = json.loads(body)
+        obj, end = json.JSONDecoder().raw_decode(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    return obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)
+    # A model may use the other family's key; either is its arguments.
+    args = obj.get(key, obj.get("arguments" if key != "arguments" else "parameters", {}))
+    return obj["name"], json.dumps(args, ensure_ascii=False), lead + end
 
 
-def parse_tool_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]]:
-    """The reply's text before its call, and the call (if one parsed, of a known tool)."""
-    found = _CALL.search(text)
+def _opening(text: str, fmt: CallFormat, at_start: bool) -> tuple[int, int] | None:
+    """Where a call opens in ``text``: (its start, where its marker ends); None if no
+    call opens there (yet). ``at_start``: ``text`` is the reply's beginning."""
+    at = text.find(fmt.opens)
+    if at >= 0:
+        return at, at + len(fmt.opens)
+    if fmt.optional_head and at_start and text.lstrip().startswith("{"):
+        return 0, len(text) - len(text.lstrip())
+    return None
+
+
+def _json_part(body: str, fmt: CallFormat) -> tuple[str, bool]:
+    """The call's JSON after its marker: (the text from there, whether the rest of the
+    head is complete). Mistral's head goes on past its marker with ``[``."""
+    body = body.lstrip()
+    rest = fmt.head[len(fmt.opens) :]
+    if not rest:
+        return body, True
+    if body.startswith(rest):
+        return body[len(rest) :].lstrip(), True
+    return body, False
+
+
+def parse_tool_calls(
+    text: str, tools: Sequence[Tool], tool_format: str | CallFormat = "tokenbelt"
+) -> tuple[str, list[ToolCall]]:
+    """The reply's text before its call, and the call (if one parsed, of a known tool),
+    in ``tool_format``'s form."""
+    fmt = call_format(tool_format)
+    found = _opening(text, fmt, at_start=True)
     if found is None:
         return text, []
-    parsed = split_call(found.group(1))
-    if parsed is None or parsed[0] not in {t.name for t in tools}:
+    start, body_at = found
+    body, headed = _json_part(text[body_at:], fmt)
+    call = _decode_call(body, fmt.key) if headed else None
+    if call is None or call[0] not in {t.name for t in tools}:
         return text, []
-    return text[: found.start()], [ToolCall(new_call_id(), parsed[0], parsed[1])]
+    after = body[call[2] :].lstrip()
+    if fmt.tail and not after.startswith(fmt.tail):
+        return text, []
+    return text[:start], [ToolCall(fmt.new_id(), call[0], call[1])]
 
 
 class CallStream:
@@ -287,28 +434,35 @@ class CallStream:
 
     ``feed`` and ``finish`` return events: ``("content", text)``, ``("call", name)`` once
     the name is known, then ``("arguments", text)`` pieces whose concatenation is the
-    arguments' JSON text. Text that may be the start of a call is held back.
+    arguments' JSON text. Text that may be the start of a call (``tool_format``'s
+    marker, or for Llama 3.x the reply's JSON) is held back, so no marker reaches
+    content.
     """
 
-    def __init__(self, constrained: bool) -> None:
+    def __init__(self, constrained: bool, tool_format: str | CallFormat = "tokenbelt") -> None:
         #: the whole reply is a call (``required`` or a named function)
         self.constrained = constrained
+        self.format = call_format(tool_format)
         self._text = ""  # free text not yet given out
-        self._body: str | None = None  # everything after the opening tag
+        self._opened = ""  # the call's opening as written (its marker)
+        self._body: str | None = None  # everything after the opening
         self.name: str | None = None
         self._sent = ""  # arguments given out
         self.complete = False
-        #: the reply ended inside a call (or inside its opening tag)
+        #: the reply ended inside a call (or inside its opening)
         self.cut = False
         self.content = ""
+        self._given = False  # some free text was given out: a bare JSON call cannot start
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
         if self._body is None:
             self._text += piece
-            at = self._text.find(TOOL_OPEN)
-            if at < 0:
+            found = _opening(self._text, self.format, at_start=not self._given)
+            if found is None:
                 return self._free(hold=not self.constrained)
-            before, self._body = self._text[:at], self._text[at + len(TOOL_OPEN) :]
+            at, body_at = found
+            before = self._text[:at]
+            self._opened, self._body = self._text[at:body_at], self._text[body_at:]
             self._text = ""
             events = [("content", before)] if before and not self.constrained else []
             self.content += before
@@ -316,38 +470,62 @@ class CallStream:
         self._body += piece
         return self._call()
 
+    def _keep(self) -> int:
+        """How much of the free text's end may still open a call."""
+        text, fmt = self._text, self.format
+        if fmt.optional_head and not self._given and not text.strip():
+            return len(text)  # spaces before a bare JSON call are the call's
+        marker = fmt.opens
+        for n in range(min(len(marker) - 1, len(text)), 0, -1):
+            if text.endswith(marker[:n]):
+                return n
+        return 0
+
     def _free(self, hold: bool) -> list[tuple[str, str]]:
         if self.constrained:
             return []
-        keep = 0
-        if hold:
-            for n in range(min(len(TOOL_OPEN) - 1, len(self._text)), 0, -1):
-                if self._text.endswith(TOOL_OPEN[:n]):
-                    keep = n
-                    break
+        keep = self._keep() if hold else 0
         out, self._text = self._text[: len(self._text) - keep], self._text[len(self._text) - keep :]
         self.content += out
+        self._given = self._given or bool(out)
         return [("content", out)] if out else []
+
+    def _arguments(self) -> str | None:
+        """The arguments' text written so far, once the name is known (None before)."""
+        assert self._body is not None
+        if self.name is None:
+            return None
+        body = _json_part(self._body, self.format)[0]
+        return body[len(CALL_PREFIX) + len(self.name) + len(self.format.separator) :]
 
     def _call(self) -> list[tuple[str, str]]:
         assert self._body is not None
         events: list[tuple[str, str]] = []
-        body = self._body.lstrip()
+        body, headed = _json_part(self._body, self.format)
         if self.name is None:
-            if not body.startswith(CALL_PREFIX):
+            if not headed or not body.startswith(CALL_PREFIX):
                 return events
-            name, sep, _ = body[len(CALL_PREFIX) :].partition(CALL_ARGUMENTS)
+            name, sep, _ = body[len(CALL_PREFIX) :].partition(self.format.separator)
             if not sep:
                 return events
             self.name = name
             events.append(("call", name))
-        args = body[len(CALL_PREFIX) + len(self.name) + len(CALL_ARGUMENTS) :]
-        held = _HELD.search(args)
+        args = self._arguments() or ""
+        held = self.format.held.search(args)
         ready = args[: held.start()] if held else args
+        if "}" in args:  # complete arguments end there: what follows is not theirs
+            with contextlib.suppress(ValueError):
+                ready = args[: json.JSONDecoder().raw_decode(args)[1]]
         if len(ready) > len(self._sent) and ready.startswith(self._sent):
             events.append(("arguments", ready[len(self._sent) :]))
             self._sent = ready
         return events
+
+    def _could_open(self, text: str) -> bool:
+        """Whether ``text`` is no more than the start of a call's opening."""
+        text = text.strip()
+        fmt = self.format
+        return fmt.head.startswith(text) or (fmt.optional_head and CALL_PREFIX.startswith(text))
 
     def finish(
         self, tools: Sequence[Tool], cut: bool = False
@@ -359,23 +537,23 @@ class CallStream:
         OpenAI's own), and ``self.cut`` says so; the markup never becomes text.
         """
         if self._body is None:
-            if self.constrained and cut and TOOL_OPEN.startswith(self._text.strip()):
-                self.cut = bool(self._text.strip())  # cut inside the opening tag
+            if self.constrained and cut and self._could_open(self._text):
+                self.cut = bool(self._text.strip())  # cut inside the opening
                 self._text = ""
                 return [], []
             if self.constrained:
                 self.content += self._text
                 return ([("content", self._text)] if self._text else []), []
-            if cut:  # the reply may have ended inside the opening tag: drop that part
+            if cut:  # the reply may have ended inside the opening: drop that part
                 given = self._free(hold=True)
-                self.cut = bool(self._text)
+                self.cut = bool(self._text.strip())
                 self._text = ""
                 return given, []
             return self._free(hold=False), []
-        found = parse_tool_calls(TOOL_OPEN + self._body, tools)[1]
+        found = parse_tool_calls(self._opened + self._body, tools, self.format)[1]
         if not found:
             if self.name is None and not self.constrained and not cut:  # text after all
-                rest = TOOL_OPEN + self._body
+                rest = self._opened + self._body
                 self.content += rest
                 return [("content", rest)], []
             self.cut = True
@@ -395,10 +573,8 @@ class CallStream:
     def _partial(self) -> tuple[list[tuple[str, str]], list[ToolCall]]:
         """The call cut short: its arguments as far as they were written (exactly the
         arguments' JSON when only the call's closing was cut)."""
-        assert self._body is not None
         assert self.name is not None
-        body = self._body.lstrip()
-        args = body[len(CALL_PREFIX) + len(self.name) + len(CALL_ARGUMENTS) :]
+        args = self._arguments() or ""
         try:
             _, end = json.JSONDecoder().raw_decode(args)
             args = args[:end]
@@ -408,7 +584,7 @@ class CallStream:
         if args.startswith(self._sent) and len(args) > len(self._sent):
             events.append(("arguments", args[len(self._sent) :]))
             self._sent = args
-        return events, [ToolCall(new_call_id(), self.name, self._sent)]
+        return events, [ToolCall(self.format.new_id(), self.name, self._sent)]
 
 
 @dataclass(frozen=True)
@@ -422,12 +598,16 @@ class Structure:
     schema: Any = None
     tools: tuple[Tool, ...] = ()
     choice: str = "none"
+    #: the family the calls are written in (``CallFormat``)
+    tool_format: str = "tokenbelt"
 
     def parse(self, text: str, natural_stop: bool) -> tuple[Any, tuple[ToolCall, ...]]:
         """(parsed object or None, calls): None when the reply ended early or fails the
         schema's own validation (a pydantic model may check more than a grammar can)."""
         if self.tools and self.choice != "none":
-            return None, tuple(parse_tool_calls(text, self.tools)[1]) if natural_stop else ()
+            return None, tuple(
+                parse_tool_calls(text, self.tools, self.tool_format)[1]
+            ) if natural_stop else ()
         if self.schema is None or not natural_stop:
             return None, ()
         validate = getattr(self.schema, "model_validate_json", None)
@@ -437,10 +617,15 @@ class Structure:
             return None, ()
 
 
-def structure(schema: Any = None, tools: Any = None, tool_choice: Any = None) -> Structure | None:
+def structure(
+    schema: Any = None,
+    tools: Any = None,
+    tool_choice: Any = None,
+    tool_format: str = "tokenbelt",
+) -> Structure | None:
     """The ``Structure`` of SDK keyword arguments: ``schema`` (a pydantic model class, or
     a JSON schema as a dict), or ``tools`` (OpenAI-shaped dicts or ``Tool``) and
-    ``tool_choice``. None when none is given."""
+    ``tool_choice``, the calls in ``tool_format`` (the model's). None when none is given."""
     if schema is None and tools is None:
         if tool_choice is not None:
             raise InvalidArgument("tool_choice needs tools")
@@ -456,4 +641,5 @@ def structure(schema: Any = None, tools: Any = None, tool_choice: Any = None) ->
         return Structure(schema_grammar(dict(schema)), schema=dict(schema))
     found = tools_from(tools)
     choice = check_choice(tool_choice, found)
-    return Structure(tools_grammar(found, choice), tools=found, choice=choice)
+    grammar = tools_grammar(found, choice, tool_format=tool_format)
+    return Structure(grammar, tools=found, choice=choice, tool_format=tool_format)

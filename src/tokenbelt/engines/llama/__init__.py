@@ -9,6 +9,7 @@ from ._grammar import (
     CALL_PREFIX,
     GrammarCacheInfo,
     GrammarSampler,
+    call_arguments,
     check_enforceable,
     check_grammar,
     clear_schema_cache,
@@ -18,7 +19,15 @@ from ._grammar import (
     schema_grammar,
 )
 from ._loading import check_gguf_file, load_with_deadline
-from ._native import chat_formatter, load_vocab, prompt_tokens, template_tools
+from ._native import (
+    TOOL_FORMATS,
+    chat_formatter,
+    format_of_template,
+    load_vocab,
+    prompt_tokens,
+    template_tools,
+    tool_format,
+)
 from ._single import LlamaEngine
 from ._threads import (
     check_threads,
@@ -29,11 +38,13 @@ from ._threads import (
 __all__ = [
     "CALL_ARGUMENTS",
     "CALL_PREFIX",
+    "TOOL_FORMATS",
     "BatchEngine",
     "GrammarCacheInfo",
     "GrammarSampler",
     "KeptPrompts",
     "LlamaEngine",
+    "call_arguments",
     "chat_formatter",
     "check_enforceable",
     "check_fits",
@@ -43,6 +54,7 @@ __all__ = [
     "check_threads",
     "clear_schema_cache",
     "default_threads",
+    "format_of_template",
     "functions_grammar",
     "json_object_grammar",
     "load_vocab",
@@ -52,5 +64,6 @@ __all__ = [
     "schema_cache_info",
     "schema_grammar",
     "template_tools",
+    "tool_format",
     "usable_cores",
 ]

@@ -60,7 +60,14 @@ from .._statistics import BatchStatistics
 from ._binding import flag_abort_callback, quiet_native_logs
 from ._grammar import GrammarSampler, check_grammar
 from ._loading import check_gguf_file, load_gguf
-from ._native import StopMatcher, chat_formatter, held_back, prompt_tokens, template_tools
+from ._native import (
+    StopMatcher,
+    chat_formatter,
+    held_back,
+    prompt_tokens,
+    template_tools,
+    tool_format,
+)
 from ._threads import (
     ThreadTuner,
     check_threads,
@@ -297,6 +304,7 @@ class BatchEngine:
         self._formatter = chat_formatter(self._model)
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = template_tools(self._formatter)
+        self.tool_format = tool_format(self._formatter)
         # The abort hook reads this flag natively; the loop clears it before each step.
         self._flag = ctypes.create_string_buffer(2)
         self._abort_callback = flag_abort_callback()

@@ -156,6 +156,12 @@ CALL_PREFIX = '{"name": "'
 CALL_ARGUMENTS = '", "arguments": '
 
 
+def call_arguments(key: str) -> str:
+    """What separates a call's name from its arguments when they are under ``key``
+    (``arguments`` in most families, ``parameters`` in Llama 3.x's)."""
+    return f'", "{key}": '
+
+
 def _literal(text: str) -> str:
     """``text`` as a GBNF string literal."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -169,9 +175,14 @@ def _regex_escape(text: str) -> str:
 
 def _regex_prefixes(text: str) -> str:
     """An ECMAScript regex matching any prefix of ``text`` (the empty one too)."""
+    return _atoms_prefixes([_regex_escape(ch) for ch in text])
+
+
+def _atoms_prefixes(atoms: list[str]) -> str:
+    """An ECMAScript regex matching any prefix of the sequence of regex ``atoms``."""
     out = ""
-    for ch in reversed(text):
-        out = f"(?:{_regex_escape(ch)}{out})?"
+    for atom in reversed(atoms):
+        out = f"(?:{atom}{out})?"
     return out
 
 
@@ -182,9 +193,9 @@ def _definitions(schema: object) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
-def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
+def _functions_gbnf(canonical: str) -> tuple[str, tuple[str, ...], float]:
     _binding()
-    head, tail, functions, answer = json.loads(canonical)
+    head, tail, functions, answer, key, marker, optional_head = json.loads(canonical)
     started = time.perf_counter()
     converter = new_converter()
     calls = []
@@ -199,6 +210,7 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
                     f"functions {first[0]!r} and {name!r} define {ref!r} differently; "
                     "rename one of them"
                 )
+    separator = call_arguments(key)
     for i, (name, schema) in enumerate(functions):
         check_enforceable(schema, f"function {name}")
         try:
@@ -208,7 +220,7 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
             raise InvalidArgument(
                 f"the parameters of function {name!r} cannot be compiled to a grammar: {exc}"
             ) from exc
-        calls.append(f"{_literal(name + CALL_ARGUMENTS)} {args}")
+        calls.append(f"{_literal(name + separator)} {args}")
     reply = ""
     if answer is not None:  # the reply is a call or the answer's JSON
         check_enforceable(answer, "response_format")
@@ -220,12 +232,18 @@ def _functions_gbnf(canonical: str) -> tuple[str, str, float]:
             ) from exc
     rules = _json_safe(converter.format_grammar())
     call = " | ".join(f"({c})" for c in calls)
-    root = (
-        f'root ::= {_literal(head)} "\\n"? {_literal(CALL_PREFIX)} ({call}) "}}" {_literal(tail)}'
-        + reply
-    )
-    trigger = "[\\s\\S]*?(" + _regex_escape(head) + "\\n?" + _regex_prefixes(CALL_PREFIX) + ")"
-    return f"{rules}\n{root}\n", trigger, time.perf_counter() - started
+    opening = f"({_literal(head)})?" if optional_head else _literal(head)
+    closing = f" {_literal(tail)}" if tail else ""
+    root = f'root ::= {opening} "\\n"? {_literal(CALL_PREFIX)} ({call}) "}}"{closing}' + reply
+    # The trigger fires on the marker and whatever of the call's start one token may
+    # carry past it: the grammar takes over from the marker on.
+    after = [_regex_escape(c) for c in head[len(marker) :]] + ["\\n?"]
+    after += [_regex_escape(c) for c in CALL_PREFIX]
+    triggers = ["[\\s\\S]*?(" + _regex_escape(marker) + _atoms_prefixes(after) + ")"]
+    if optional_head:  # the call may be the whole reply without its head: JSON first
+        rest = _regex_prefixes(CALL_PREFIX[1:])
+        triggers.append("\\s*(" + _regex_escape(CALL_PREFIX[0]) + rest + ")")
+    return f"{rules}\n{root}\n", tuple(triggers), time.perf_counter() - started
 
 
 def functions_grammar(
@@ -235,15 +253,21 @@ def functions_grammar(
     tail: str,
     lazy: bool,
     answer: object = None,
+    key: str = "arguments",
+    marker: str | None = None,
+    optional_head: bool = False,
 ) -> Grammar:
-    """A grammar for exactly one call ``head{"name": "f", "arguments": {...}}tail`` of one
-    of ``functions`` (name, JSON schema of its arguments); cached per function set.
+    """A grammar for exactly one call ``head{"name": "f", "<key>": {...}}tail`` of one of
+    ``functions`` (name, JSON schema of its arguments); cached per function set and shape.
 
     ``answer`` (a JSON schema, not with ``lazy``): the reply is either the call or JSON
-    matching it (``response_format`` beside ``tools``).
+    matching it (``response_format`` beside ``tools``). ``tail`` may be empty (the call
+    ends the reply: Llama 3.x). ``optional_head``: the call may come without ``head``.
 
-    ``lazy``: text is free until the output ends in ``head`` (or ``head`` and the start
-    of the call's JSON); the grammar applies from ``head`` on. The trigger never fires on
+    ``lazy``: text is free until the output ends in ``marker`` (by default all of
+    ``head``; Mistral's is ``[TOOL_CALLS]`` of ``[TOOL_CALLS][``), or in the marker and
+    the start of the rest of the call; with ``optional_head``, also when the reply starts
+    with the call's JSON. The grammar applies from there on. A trigger never fires on
     text the grammar would refuse, so the grammar never meets a piece it cannot accept.
     """
     for name, _ in functions:
@@ -251,20 +275,26 @@ def functions_grammar(
             raise InvalidArgument(f"a function name is letters, digits, _ and -, got {name!r}")
     if answer is not None and lazy:
         raise InvalidArgument("a grammar with an answer schema is not lazy")
+    marker = head if marker is None else marker
+    if not head.startswith(marker) or not marker:
+        raise InvalidArgument(f"a call's marker {marker!r} starts its head {head!r}")
     canonical = json.dumps(
         [
             head,
             tail,
             [[n, json.loads(canonical_schema(s))] for n, s in functions],
             None if answer is None else json.loads(canonical_schema(answer)),
+            key,
+            marker,
+            optional_head,
         ]
     )
     before = _functions_gbnf.cache_info().hits
-    gbnf, trigger, elapsed = _functions_gbnf(canonical)
+    gbnf, triggers, elapsed = _functions_gbnf(canonical)
     cached = _functions_gbnf.cache_info().hits > before
     return Grammar(
         gbnf,
-        triggers=(trigger,) if lazy else (),
+        triggers=triggers if lazy else (),
         compile_s=0.0 if cached else elapsed,
         cached=cached,
     )

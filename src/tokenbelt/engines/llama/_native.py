@@ -1,7 +1,7 @@
 """llama.cpp helpers the engines share: the chat template, the vocabulary, prompt tokens
 and stop strings.
 
-``chat_formatter`` and ``template_tools`` read a GGUF's own chat template;
+``chat_formatter``, ``template_tools`` and ``tool_format`` read a GGUF's own chat template;
 ``load_vocab`` opens a model's vocabulary without its weights (the worker's parent
 tokenizes with it); ``prompt_tokens`` turns a request into tokens; ``StopMatcher``
 holds back text that may start a stop string, and ``held_back`` gives it up at the end.
@@ -54,6 +54,36 @@ def template_tools(formatter: Any) -> bool:
     the ``tools`` variable, as Qwen2.5 and Hermes templates do)."""
     template = getattr(formatter, "template", None)
     return isinstance(template, str) and _template_tools(template)
+
+
+#: the tool-call families ``tool_format`` tells apart (``tokenbelt``: the fallback)
+TOOL_FORMATS = ("tokenbelt", "hermes", "llama3", "mistral")
+
+
+def format_of_template(template: str) -> str:
+    """The call family a chat template's text is written for (one of ``TOOL_FORMATS``):
+    ``hermes`` (Hermes and Qwen: ``<tool_call>``), ``mistral`` (``[TOOL_CALLS]``),
+    ``llama3`` (``<|python_tag|>``, or Llama 3.1/3.2's ``Environment: ipython`` and
+    ``"parameters"`` JSON call), else ``tokenbelt``. A template that does not render
+    ``tools`` is ``tokenbelt`` whatever it mentions: the documented format describes
+    the tools to it."""
+    if not _template_tools(template):
+        return "tokenbelt"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_tag|>" in template or "Environment: ipython" in template:
+        return "llama3"
+    if '"parameters"' in template:
+        return "llama3"
+    return "tokenbelt"
+
+
+def tool_format(formatter: Any) -> str:
+    """The tool-call family of a chat formatter's template (see ``format_of_template``)."""
+    template = getattr(formatter, "template", None)
+    return format_of_template(template) if isinstance(template, str) else "tokenbelt"
 
 
 def load_vocab(path: str | Path) -> Any:

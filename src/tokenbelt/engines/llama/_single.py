@@ -35,7 +35,14 @@ from .._base import OnThreads
 from .._request import GenerationRequest, SamplingParams, refuse, refuse_grammar
 from ._binding import flag_abort_callback, quiet_native_logs
 from ._loading import check_gguf_file, load_gguf
-from ._native import StopMatcher, chat_formatter, held_back, prompt_tokens, template_tools
+from ._native import (
+    StopMatcher,
+    chat_formatter,
+    held_back,
+    prompt_tokens,
+    template_tools,
+    tool_format,
+)
 
 logger = logging.getLogger("tokenbelt.engines.llama")
 
@@ -95,6 +102,7 @@ class LlamaEngine(OnThreads):
         self._formatter = chat_formatter(self._llm._model)
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = template_tools(self._formatter)
+        self.tool_format = tool_format(self._formatter)
 
     @classmethod
     def load(

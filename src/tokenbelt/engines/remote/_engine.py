@@ -130,6 +130,7 @@ class RemoteEngine:
 
     #: the upstream applies its own template: tools are described in the messages
     template_tools = False
+    tool_format = "tokenbelt"
 
     def __init__(
         self,

@@ -124,6 +124,7 @@ class WorkerEngine:
         self._prompts = PromptTokens(self.model_path, self.name)
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = self._prompts.template_tools
+        self.tool_format = self._prompts.tool_format
         crash_point = os.environ.get(ABORT_ENV) or None
         try:
             first = self._spawn(crash_point)

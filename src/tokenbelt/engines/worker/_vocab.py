@@ -18,6 +18,7 @@ from ..llama import (
     load_vocab,
     prompt_tokens,
     template_tools,
+    tool_format,
 )
 
 
@@ -33,6 +34,8 @@ class PromptTokens:
         self._kept = KeptPrompts()  # sent with each request: the worker uses them
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = template_tools(self._formatter)
+        #: the tool-call family of that template
+        self.tool_format = tool_format(self._formatter)
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request, as the worker's engine makes them."""

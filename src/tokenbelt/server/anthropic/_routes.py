@@ -76,8 +76,7 @@ def stop_reason(stream: Stream, called: bool = False) -> str:
 
 def _final(stream: Stream, plan: ToolPlan, calls: Calls) -> dict[str, Any]:
     extension = tokenbelt_final(stream)
-    if plan.grammar is not None:
-        extension["grammar"] = plan.grammar_info()
+    extension.update(plan.extension())
     if calls.started is not None and calls.call is None:
         extension["cut_call"] = {"name": calls.started, "partial_input": calls.arguments}
     return extension
@@ -201,7 +200,13 @@ async def _events(stream: Stream, model: str, plan: ToolPlan) -> AsyncIterator[o
 
 def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
     body.check()
-    return plan_tools(body.turns(), body.openai_tools(), body.openai_choice(), model.template_tools)
+    return plan_tools(
+        body.turns(),
+        body.openai_tools(),
+        body.openai_choice(),
+        model.template_tools,
+        model.tool_format,
+    )
 
 
 @router.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")

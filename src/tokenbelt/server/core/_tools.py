@@ -34,6 +34,8 @@ class ToolPlan:
     grammar: Grammar | None = None
     #: the tools as JSON text, for a chat template that renders them itself
     tools_json: str | None = None
+    #: the family the calls are written in (``structured.CallFormat``)
+    tool_format: str = "tokenbelt"
 
     @property
     def with_tools(self) -> bool:
@@ -54,19 +56,30 @@ class ToolPlan:
         compile_ms = round(self.grammar.compile_s * 1000, 3)
         return {"compile_ms": compile_ms, "cached": self.grammar.cached}
 
+    def extension(self) -> dict[str, Any]:
+        """For a ``tokenbelt`` object: the grammar, and the call family when tools are on."""
+        out: dict[str, Any] = {}
+        if self.grammar is not None:
+            out["grammar"] = self.grammar_info()
+        if self.with_tools:
+            out["tool_format"] = self.tool_format
+        return out
+
 
 def plan_tools(
     messages: Iterable[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]],
     choice: object,
     template_tools: bool,
+    tool_format: str = "tokenbelt",
     *,
     tools_field: str = "tools",
     choice_field: str = "tool_choice",
 ) -> ToolPlan:
     """The plan for OpenAI-shaped ``messages``, ``tools`` and ``choice`` (as
     ``structured.check_choice`` takes it). A tool or choice that cannot be had is an
-    ``UnsupportedParameter`` naming the dialect's own field, before any compute."""
+    ``UnsupportedParameter`` naming the dialect's own field, before any compute. Calls
+    are written in ``tool_format``, the model's family."""
     try:
         found = structured.tools_from(tools)
     except InvalidArgument as exc:
@@ -77,7 +90,7 @@ def plan_tools(
         raise UnsupportedParameter(choice_field, str(exc)) from exc
     try:
         turns = structured.render_messages(messages, found, chosen, template_tools)
-        grammar = structured.tools_grammar(found, chosen)
+        grammar = structured.tools_grammar(found, chosen, tool_format=tool_format)
     except InvalidArgument as exc:
         raise UnsupportedParameter(tools_field, str(exc)) from exc
     return ToolPlan(
@@ -86,6 +99,7 @@ def plan_tools(
         choice=chosen,
         grammar=grammar,
         tools_json=structured.tools_json(found, chosen, template_tools),
+        tool_format=tool_format,
     )
 
 
@@ -100,7 +114,8 @@ class Calls:
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
-        self._split = structured.CallStream(constrained=plan.choice not in ("auto", "none"))
+        constrained = plan.choice not in ("auto", "none")
+        self._split = structured.CallStream(constrained, plan.tool_format)
         self.call: ToolCall | None = None
         #: the text that is not a call, given out so far
         self.content = ""

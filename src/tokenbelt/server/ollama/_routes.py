@@ -150,6 +150,8 @@ def _final(
             message.update(_tool_calls(calls))
         if calls.started is not None and calls.call is None:
             extension["cut_call"] = {"name": calls.started, "partial_arguments": calls.arguments}
+        if calls.plan.with_tools:
+            extension["tool_format"] = calls.plan.tool_format
     content = {"message": message} if chat else {"response": text}
     return {
         "model": name,
@@ -243,7 +245,7 @@ async def chat(body: ChatRequest, path: Serving) -> Response:
     sampling = sampling_from(body.sampling(model.context_length))
     # Through the planner even without tools: a conversation that called tools earlier
     # keeps its calls and results in the prompt format the model was shown them in.
-    plan = plan_tools(body.turns(), body.tools or (), None, model.template_tools)
+    plan = plan_tools(body.turns(), body.tools or (), None, model.template_tools, model.tool_format)
     request = GenerationRequest(
         messages=plan.messages,
         sampling=sampling,

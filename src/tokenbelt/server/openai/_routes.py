@@ -349,7 +349,12 @@ async def chat_completions(
     model = path.state.model_for(body.model)
     messages = messages_for(body.messages, model.name)
     plan = _tools.plan(
-        messages, body.response_format, body.tools, body.tool_choice, model.template_tools
+        messages,
+        body.response_format,
+        body.tools,
+        body.tool_choice,
+        model.template_tools,
+        model.tool_format,
     )
     requests = [
         GenerationRequest(

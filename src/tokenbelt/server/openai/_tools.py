@@ -11,6 +11,10 @@ When a reply ends early (``length``, a stop string, a cancel or a deadline), its
 is returned as it is, with the finish reason of that end: a JSON reply may then be cut
 short. A call cut short is in ``tool_calls`` with the arguments written so far, streamed
 or not, and ``tokenbelt.tool_call_cut`` is true; its markup never reaches ``content``.
+
+Calls are written in the model's own family's format (``Model.tool_format``: ``hermes``,
+``llama3``, ``mistral``, or tokenbelt's ``<tool_call>`` fallback), and
+``tokenbelt.tool_format`` says which.
 """
 
 from __future__ import annotations
@@ -103,6 +107,8 @@ class Plan:
     cut: bool = False
     #: the reply checked against its schema (``tokenbelt.schema``)
     check: structured.SchemaCheck | None = None
+    #: the family the calls are written in (``tokenbelt.tool_format``)
+    tool_format: str = "tokenbelt"
 
     @property
     def with_tools(self) -> bool:
@@ -126,6 +132,7 @@ class Plan:
             out["schema"] = self.check.to_dict()
         if self.with_tools:
             out["tool_call_cut"] = self.cut
+            out["tool_format"] = self.tool_format
         return out
 
     def validate(self, content: str, ended_early: bool) -> None:
@@ -145,10 +152,12 @@ def plan(
     tools: list[ToolSpec] | None,
     tool_choice: ToolChoice | None,
     template_tools: bool = False,
+    tool_format: str = "tokenbelt",
 ) -> Plan:
     """Turns, grammar and tools for a request; ``UnsupportedParameter`` (400) if the
     schema cannot be compiled, before any compute. ``template_tools``: the model's chat
-    template renders tools itself, so they go to it rather than into the system text."""
+    template renders tools itself, so they go to it rather than into the system text;
+    ``tool_format``: the call family the grammar and the parsing use."""
     try:
         found = structured.tools_from(t.model_dump(exclude_none=True) for t in tools or ())
     except InvalidArgument as exc:
@@ -176,10 +185,11 @@ def plan(
         choice=choice,
         tools_json=structured.tools_json(found, choice, template_tools),
         schema=None if calls_only else answer,
+        tool_format=tool_format,
     )
     try:
         if found and choice != "none":
-            result.grammar = structured.tools_grammar(found, choice, answer)
+            result.grammar = structured.tools_grammar(found, choice, answer, tool_format)
         elif fmt == "json_object":
             result.grammar = json_object_grammar()
         elif answer is not None:
@@ -216,8 +226,9 @@ class Deltas:
 
     def __init__(self, p: Plan) -> None:
         self.plan = p
-        self._calls = structured.CallStream(constrained=p.choice not in ("auto", "none"))
-        self._id = structured.new_call_id()
+        constrained = p.choice not in ("auto", "none")
+        self._calls = structured.CallStream(constrained, p.tool_format)
+        self._id = self._calls.format.new_id()
         self._text: list[str] = []
 
     def _shape(self, events: list[tuple[str, str]]) -> list[dict[str, Any]]:

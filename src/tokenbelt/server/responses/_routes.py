@@ -138,7 +138,9 @@ def _plan(
                 name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict
             )
         response_format = _tools.ResponseFormat(type=fmt.type, json_schema=spec)
-    return _tools.plan(messages, response_format, tools or None, choice, model.template_tools)
+    return _tools.plan(
+        messages, response_format, tools or None, choice, model.template_tools, model.tool_format
+    )
 
 
 def _echo(body: ResponseRequest, keep: bool) -> dict[str, Any]:

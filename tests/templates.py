@@ -1,0 +1,67 @@
+"""Chat templates in each tool-call family's conventions, for test GGUFs.
+
+They keep the embedded model's own turn tokens (``<|im_start|>``, ``<|im_end|>``), so the
+tiny model stays coherent and ends its turns, and describe tools, render calls and tool
+results the way that family's real template does: Llama 3.1/3.2 ("Environment: ipython",
+a ``{"name": ..., "parameters": ...}`` JSON call, ``ipython`` turns for results) and
+Mistral (``[AVAILABLE_TOOLS]``, ``[TOOL_CALLS][...]`` with nine-character ids,
+``[TOOL_RESULTS]``).
+"""
+
+from __future__ import annotations
+
+LLAMA3_TEMPLATE = """\
+{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}\
+{% else %}{% set system = '' %}{% endif %}
+{%- if tools %}<|im_start|>system
+Environment: ipython
+{{ system }}<|im_end|>
+<|im_start|>user
+Given the following functions, please respond with a JSON for a function call with its \
+proper arguments that best answers the given prompt.
+
+Respond in the format {"name": function name, "parameters": dictionary of argument name \
+and its value}. Do not use variables.
+
+{% for tool in tools %}{{ tool | tojson }}
+
+{% endfor %}<|im_end|>
+{% elif system %}<|im_start|>system
+{{ system }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- elif message.role == 'tool' %}<|im_start|>ipython
+{{ message.content }}<|im_end|>
+{% elif message.tool_calls %}<|im_start|>assistant
+{% for call in message.tool_calls %}{"name": "{{ call.function.name }}", "parameters": \
+{{ call.function.arguments | tojson }}}{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+MISTRAL_TEMPLATE = """\
+{%- for message in messages %}
+{%- if message.role == 'system' %}<|im_start|>system
+{{ message.content }}<|im_end|>
+{% elif message.role == 'user' %}<|im_start|>user
+{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}\
+[INST]{{ message.content }}[/INST]<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+[TOOL_RESULTS]{"content": {{ message.content | tojson }}, "call_id": \
+"{{ message.tool_call_id }}"}[/TOOL_RESULTS]<|im_end|>
+{% elif message.tool_calls %}<|im_start|>assistant
+{% for call in message.tool_calls %}\
+{% if call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric \
+strings with length 9!') }}{% endif %}\
+[TOOL_CALLS][{"name": "{{ call.function.name }}", "arguments": \
+{{ call.function.arguments | tojson }}, "id": "{{ call.id }}"}]{% endfor %}<|im_end|>
+{% else %}<|im_start|>assistant
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
