@@ -37,7 +37,7 @@ from ..core import (
     Calls,
     Serving,
     ToolPlan,
-    compact_json,
+    named_sse,
     plan_tools,
     tokenbelt_final,
 )
@@ -48,13 +48,13 @@ API = "anthropic"
 
 Event = tuple[str, dict[str, Any]]
 #: what a stream writes while it has nothing to send (Anthropic's API sends the same)
-PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+PING = named_sse("ping", {"type": "ping"})
 
 
 def sse_event(event: object) -> bytes:
     """An ``(event name, data)`` pair as one named server-sent event."""
     name, data = cast(Event, event)
-    return f"event: {name}\ndata: {compact_json(data)}\n\n".encode()
+    return named_sse(name, data)
 
 
 def tool_use_id() -> str:

@@ -39,7 +39,7 @@ from ._middleware import (
 )
 from ._options import MAX_TIMEOUT_S, TokenbeltOptions
 from ._path import RELEASE_WAIT_S, Asgi, RequestPath, Serving, Submitted, tokenbelt_final
-from ._responses import DeferredResponse, EventStreamResponse, ndjson, sse
+from ._responses import DeferredResponse, EventStreamResponse, named_sse, ndjson, sse
 from ._shutdown import GracefulServer
 from ._state import ServerSettings, ServerState
 from ._tools import Calls, ToolPlan, plan_tools
@@ -77,6 +77,7 @@ __all__ = [
     "failure",
     "http_protocol",
     "install",
+    "named_sse",
     "ndjson",
     "openai_shape",
     "plan_tools",

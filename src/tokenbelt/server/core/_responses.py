@@ -46,6 +46,11 @@ def sse(event: object) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def named_sse(name: str, data: object) -> bytes:
+    """One named server-sent event: ``event: <name>`` and ``data: {json}``."""
+    return f"event: {name}\ndata: {compact_json(data)}\n\n".encode()
+
+
 def ndjson(event: object) -> bytes:
     """One JSON object on one line."""
     return (compact_json(event) + "\n").encode()
@@ -118,6 +123,12 @@ class EventStreamResponse:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # asyncio's lock takes an uncontended acquire without yielding (anyio's checkpoints
+        # there), so a token's write costs no extra turn of the event loop.
+        lock = asyncio.Lock()
+        finished = anyio.Event()
+        last = time.monotonic()  # of the last write
+
         async def timed_send(message: Message) -> None:
             with anyio.move_on_after(self.reader_timeout) as waited:
                 await send(message)
@@ -125,6 +136,7 @@ class EventStreamResponse:
                 raise _ReaderGone
 
         async def write(group: anyio.abc.TaskGroup) -> None:
+            nonlocal last
             try:
                 await timed_send(
                     {
@@ -139,7 +151,7 @@ class EventStreamResponse:
                         await timed_send(
                             {"type": "http.response.body", "body": body, "more_body": True}
                         )
-                        last[0] = time.monotonic()
+                        last = time.monotonic()
                 async with lock:
                     finished.set()
                     await timed_send(
@@ -156,16 +168,17 @@ class EventStreamResponse:
         async def keep_alive(group: anyio.abc.TaskGroup, every: float, ping: bytes) -> None:
             # Beside the writer, not around it: each event goes out as it comes, and
             # only a silence as long as ``every`` gets a ping between two of them.
+            nonlocal last
             try:
                 while not finished.is_set():
-                    await anyio.sleep(max(0.0, last[0] + every - time.monotonic()))
+                    await anyio.sleep(max(0.0, last + every - time.monotonic()))
                     async with lock:
-                        if finished.is_set() or time.monotonic() - last[0] < every:
+                        if finished.is_set() or time.monotonic() - last < every:
                             continue
                         await timed_send(
                             {"type": "http.response.body", "body": ping, "more_body": True}
                         )
-                        last[0] = time.monotonic()
+                        last = time.monotonic()
             except _ReaderGone:
                 self.gone()
                 _abort(scope)
@@ -174,11 +187,6 @@ class EventStreamResponse:
                 self.stop()
                 group.cancel_scope.cancel()
 
-        # asyncio's lock takes an uncontended acquire without yielding (anyio's checkpoints
-        # there), so a token's write costs no extra turn of the event loop.
-        lock = asyncio.Lock()
-        finished = anyio.Event()
-        last = [time.monotonic()]
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(_listen_for_disconnect, receive, self.stop, group.cancel_scope)

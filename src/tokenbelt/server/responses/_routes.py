@@ -29,14 +29,14 @@ from ..core import (
     RequestPath,
     Serving,
     UnsupportedParameter,
-    compact_json,
     error_response,
+    named_sse,
     openai_shape,
 )
 from ..openai import _tools
 from . import _items
 from ._schemas import FunctionTool, OtherTool, ResponseRequest
-from ._store import Entry, Gone, Responses, Running
+from ._store import UNKNOWN, Entry, Gone, Responses, Running
 from ._turn import Turn
 
 API = "responses"
@@ -59,10 +59,10 @@ def responses_of(request: Request) -> Responses:
 Memory = Annotated[Responses, Depends(responses_of)]
 
 
-def named_sse(event: object) -> bytes:
-    """A Responses event: ``event: <type>`` and its JSON, as OpenAI sends them."""
+def typed_sse(event: object) -> bytes:
+    """A Responses event, named by its ``type`` as OpenAI sends them."""
     assert isinstance(event, dict)
-    return f"event: {event['type']}\ndata: {compact_json(event)}\n\n".encode()
+    return named_sse(event["type"], event)
 
 
 # -- the request ---------------------------------------------------------------------------
@@ -307,7 +307,7 @@ async def create(
         running.task = asyncio.get_running_loop().create_task(making.background())
         return JSONResponse(turn.snapshot(), headers={"x-request-id": stream.request_id})
     if body.stream:
-        response = path.streaming(stream, making.events(), encode=named_sse)
+        response = path.streaming(stream, making.events(), encode=typed_sse)
         assert isinstance(response, Asgi)
         return response
 
@@ -353,7 +353,7 @@ def _running(memory: Responses, path: RequestPath, response_id: str) -> Running 
 def _entry(memory: Responses, path: RequestPath, response_id: str) -> Entry:
     entry = memory.store.get(response_id)
     if not _visible(path, entry.request_id):
-        raise Gone(response_id, "this server never stored it (or forgot it long ago)")
+        raise Gone(response_id, UNKNOWN)
     return entry
 
 
@@ -402,7 +402,7 @@ def _replay(path: RequestPath, entry: Entry, starting_after: int | None) -> Resp
             lambda: None,
             events(),
             head,
-            encode=named_sse,
+            encode=typed_sse,
             reader_timeout=path.state.settings.reader_timeout,
         )
     )

@@ -165,7 +165,7 @@ class Store:
         entry = self._entries.get(response_id)
         if entry is None:
             why = self._gone.get(response_id)
-            raise Gone(response_id, _WHY.get(why or "", _UNKNOWN))
+            raise Gone(response_id, _WHY.get(why or "", UNKNOWN))
         entry.used = self._clock()
         self._entries.move_to_end(response_id)
         return entry
@@ -238,7 +238,8 @@ class Store:
         }
 
 
-_UNKNOWN = "this server never stored it (or forgot it long ago)"
+#: why an id is not here when the store knows nothing of it
+UNKNOWN = "this server never stored it (or forgot it long ago)"
 _WHY = {
     "expired": "it expired (the store keeps a response for its TTL after its last use)",
     "evicted": "it was evicted to make room (the store's byte budget was full)",
