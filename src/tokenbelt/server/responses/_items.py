@@ -103,8 +103,13 @@ def messages_from(items: Sequence[dict[str, Any]], model: str) -> list[dict[str,
     return out
 
 
+def text_part(text: str) -> dict[str, Any]:
+    """An ``output_text`` content part."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    part = text_part(text)
     return {
         "id": item_id,
         "type": "message",

@@ -30,7 +30,7 @@ from typing import Any
 from ...belt import EndReason
 from ...runtime import Stream
 from ..core import failure, tokenbelt_final
-from ._items import call_item, message_item, new_id
+from ._items import call_item, message_item, new_id, text_part
 
 _CANCELLED = frozenset(
     {EndReason.USER_CANCEL, EndReason.CLIENT_DISCONNECT, EndReason.READER_TIMEOUT}
@@ -90,8 +90,8 @@ class Turn:
         #: set once the terminal event is made (a cancel waits for it)
         self.finished = asyncio.Event()
         self._open: dict[str, Any] | None = None
-        #: the open message's text so far
-        self._written = ""
+        #: the open message's text so far, piece by piece (joined once, when it closes)
+        self._written: list[str] = []
         #: more for the final object's ``tokenbelt`` (what the request had left out...)
         self.extension: dict[str, Any] = {}
 
@@ -127,14 +127,14 @@ class Turn:
         if self._open is None or self._open["type"] != "message":
             events += self._close("completed")
             events += self._add(message_item(new_id("msg"), "", "in_progress"))
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            part = text_part("")
             events.append(
                 self.event(
                     "response.content_part.added", **self._where(), content_index=0, part=part
                 )
             )
-            self._written = ""
-        self._written += text
+            self._written = []
+        self._written.append(text)
         events.append(
             self.event(
                 "response.output_text.delta",
@@ -163,7 +163,7 @@ class Turn:
         where = self._where()
         events: list[dict[str, Any]] = []
         if item["type"] == "message":
-            text = self._written
+            text = "".join(self._written)
             done = message_item(item["id"], text, status)
             part = done["content"][0]
             events.append(
