@@ -207,3 +207,23 @@ def test_serve_prints_one_ready_line_with_device_threads_context_file_and_url(
         rf"\d+ slots?, file {re.escape(str(default_model_path()))}, http://127\.0\.0\.1:{port}$",
         ready,
     ), ready
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("0", 0), ("1024", 1024), ("500kB", 500_000), ("64MiB", 64 << 20), ("1.5GiB", 3 << 29)],
+)
+def test_a_byte_size_takes_a_unit(text: str, size: int) -> None:
+    from tokenbelt.cli._common import byte_size
+
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["12XB", "MiB", "-1", "ten"])
+def test_a_bad_byte_size_is_one_error_line(text: str) -> None:
+    import argparse
+
+    from tokenbelt.cli._common import byte_size
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        byte_size(text)
