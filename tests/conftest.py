@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader
 
-from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE
+from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE, THINKING_TEMPLATE
 from tokenbelt.belt import invariants
 from tokenbelt.models import default_model_path
 
@@ -178,6 +178,15 @@ def tool_template_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded model with ``TOOLS_TEMPLATE`` as its chat template (a GGUF copy)."""
     path = tmp_path_factory.mktemp("gguf") / "smollm2-tools.gguf"
     with_template(Path(default_model_path()), path, TOOLS_TEMPLATE)
+    return path
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model with a Qwen3-style thinking template (``THINKING_TEMPLATE``):
+    its generation prompt opens ``<think>``, so every chat reply starts reasoning."""
+    path = tmp_path_factory.mktemp("gguf") / "smollm2-thinking.gguf"
+    with_template(Path(default_model_path()), path, THINKING_TEMPLATE)
     return path
 
 

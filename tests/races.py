@@ -10,7 +10,9 @@ the engine, the runtime). What must hold for every request:
   win any race), and the stream, its reply and its trace agree on it;
 - the request is released, once, after its reason was recorded (the timeline
   invariants, checked on every event by ``tokenbelt.belt.invariants``);
-- the metrics counted it once, under that reason.
+- the metrics counted it once, under that reason;
+- a stop is released within one step and a bound (``stop_released_in_time``), or the
+  trace says why (the worker was killed for it).
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenbelt import Limits, Runtime, ScriptedEngine
 from tokenbelt._errors import DecodeError
-from tokenbelt.belt import EndReason, invariants
+from tokenbelt.belt import EndReason, Trace, invariants
 from tokenbelt.runtime import Stream
 from tokenbelt.server.core._metrics import Metrics
 
 TOKENS = 4
+#: how long past one engine step a stop may take to be released, here
+STOP_BOUND_S = 0.5
 
 #: cause -> the end reasons it may produce
 CAUSES: dict[str, frozenset[EndReason]] = {
@@ -70,6 +75,10 @@ def _engine(causes: tuple[str, str], rng: random.Random) -> ScriptedEngine:
     return ScriptedEngine(tokens, delay=delay, prefill_delay=prefill, fail_after=fail_after)
 
 
+#: the longest step of the scripted engines above (a token's delay, the prefill)
+_STEP_S = 0.001
+
+
 def _limits(causes: tuple[str, str]) -> Limits:
     return Limits(
         first_token=0.001 if "first_token_timeout" in causes else None,
@@ -100,7 +109,10 @@ def one_request(
     rt: Runtime, causes: tuple[str, str], rng: random.Random, number: int, out: Outcome
 ) -> None:
     """Run one request with both causes aimed at the same point; record what happened."""
-    name = f"m{number}"
+    # A few names, reused: each request's model is unloaded before the next one loads,
+    # and a new name per request would grow the metrics by one label set per request
+    # (and the heap, and with it the collector's pauses, past the stop bound).
+    name = f"m{number % 8}"
     model = rt.add_engines(name, [_engine(causes, rng)])
     stream = model.stream(prompt="go", limits=_limits(causes), capacity=1, max_tokens=TOKENS + 1)
     helpers = [c for c in causes if c in _HELPERS]
@@ -150,6 +162,29 @@ def one_request(
         rt.unload(name)
 
 
+def stop_released_in_time(
+    trace: Trace | dict[str, Any], *, step_s: float, bound_s: float = STOP_BOUND_S
+) -> str | None:
+    """None if a stopped request was released within ``step_s + bound_s`` of its stop
+    (or was never stopped), or if its trace says why not (a worker killed for it);
+    else the problem. ``trace`` is a ``Trace`` or its ``to_dict()`` (``/v1/requests``)."""
+    record = trace.to_dict() if isinstance(trace, Trace) else trace
+    timeline = record["timeline_ms"]
+    stopped, released = timeline["cancel_requested"], timeline["released"]
+    if stopped is None:
+        return None
+    if released is None:
+        return f"{record['request_id']}: stopped, never released"
+    lag_s = (released - stopped) / 1000
+    worker = record.get("worker") or {}
+    if lag_s <= step_s + bound_s or "killed" in worker:
+        return None
+    return (
+        f"{record['request_id']}: released {lag_s * 1000:.0f} ms after its stop "
+        f"(bound {(step_s + bound_s) * 1000:.0f} ms) and the trace says nothing of why"
+    )
+
+
 def _check(
     stream: Stream,
     causes: tuple[str, str],
@@ -179,6 +214,9 @@ def _check(
         out.problem(f"{where}: error {error!r} with {reason}")
     if trace.released is None:
         out.problem(f"{where}: the trace has no release")
+    late = stop_released_in_time(trace, step_s=_STEP_S)
+    if late is not None:
+        out.problem(f"{where}: {late}")
 
 
 def run(

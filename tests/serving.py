@@ -25,18 +25,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_default_model(
-    tmp: Path, timeout: float = 60.0, extra: tuple[str, ...] = ()
+    tmp: Path, timeout: float = 60.0, extra: tuple[str, ...] = (), model: Path | None = None
 ) -> Iterator[str]:
     """Run ``tokenbelt serve <default model>`` on 127.0.0.1 until the block ends.
 
     Yields the base URL once ``/health`` says ready; fails the test (with the
     server's log) if it exits or is not ready within ``timeout`` seconds. ``extra``
     flags come last (a later ``--log-level`` wins); the log is ``tmp / "serve.log"``.
+    ``model``: another GGUF file to serve (a test copy of the default model).
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp / "serve.log"
-    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
+    served = model if model is not None else default_model_path()
+    command = [sys.executable, "-m", "tokenbelt", "serve", str(served)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -65,3 +65,18 @@ strings with length 9!') }}{% endif %}\
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+#: a Qwen3-style thinking template: the generation prompt opens ``<think>`` (the model
+#: reasons first and ends the section with ``</think>``), and ``enable_thinking=false``
+#: closes it empty in the prompt, as Qwen3's own template does
+THINKING_TEMPLATE = """\
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}"""

@@ -111,11 +111,11 @@ def test_the_cli_refuses_and_accepts_the_same_values(flag: str, bad: str, good: 
 
 
 def test_an_n_ctx_too_small_for_a_prompt_is_refused_by_sdk_and_cli() -> None:
-    with pytest.raises(InvalidArgument, match=f"n_ctx must be at least {MIN_N_CTX}"):
+    with pytest.raises(InvalidArgument, match=f"n_ctx must be an integer from {MIN_N_CTX} to"):
         Runtime(n_ctx=10)
     done = _cli("serve", "--n-ctx", "10")
     assert done.returncode == 2
-    assert f"n_ctx must be at least {MIN_N_CTX} tokens" in _one_line(done.stderr)
+    assert f"n_ctx must be an integer from {MIN_N_CTX} to" in _one_line(done.stderr)
 
 
 def test_an_n_ctx_past_the_trained_context_is_refused_unless_forced() -> None:
@@ -171,3 +171,17 @@ def test_the_trace_of_a_finished_send_holds_its_release() -> None:
         trace = reply.trace.to_dict()
         assert trace["timeline_ms"]["released"] is not None
         assert trace["end_to_end_ms"] is not None
+
+
+# -- keep_alive ------------------------------------------------------------------------------
+
+
+def test_a_keep_alive_past_a_year_is_refused_by_sdk_and_cli_naming_the_range() -> None:
+    with pytest.raises(InvalidArgument, match=r"keep_alive must be a number from 0 to 31536000"):
+        Runtime(keep_alive=1e15)
+    done = _cli("serve", "--keep-alive", "1e15")
+    assert done.returncode == 2
+    assert "argument --keep-alive: keep_alive must be a number from 0 to 31536000" in _one_line(
+        done.stderr
+    )
+    assert build_parser().parse_args(["serve", "--keep-alive", "31536000"]).keep_alive == 31536000

@@ -17,6 +17,8 @@ DEFAULT_CAPACITY = 8
 DEFAULT_SLOTS = 1
 #: requests a model's admission queue holds before it refuses more
 DEFAULT_QUEUE_SIZE = 16
+#: the longest prompt-lookup draft one sequence verifies in a step
+DEFAULT_DRAFT_TOKENS = 16
 
 #: ``tokenbelt serve``'s slots: an HTTP service is shared, so it batches a few requests
 SERVE_SLOTS = 4

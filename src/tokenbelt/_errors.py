@@ -25,7 +25,8 @@ each (``raise ... from exc``) so callers never need to catch a library's own typ
     │   └── IntegrityError .................. a file's size or sha256 is not what it should be
     ├── AdmissionError
     │   ├── QueueFull ....................... the admission queue is full (``rejected``)
-    │   └── ModelLoading .................... the model is still loading
+    │   ├── ModelLoading .................... the model is still loading
+    │   └── OverBudget ...................... the model does not fit the memory budget
     └── RuntimeClosed ....................... the runtime was closed
 """
 
@@ -154,6 +155,16 @@ class QueueFull(AdmissionError):
 
 class ModelLoading(AdmissionError):
     """The model is still loading; try again shortly."""
+
+
+class OverBudget(AdmissionError):
+    """Loading the model would pass the memory budget. ``transient``: models that are
+    busy now hold what is missing (try again later); else it can never fit, or only
+    pinned models stand in its way."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class RuntimeClosed(TokenbeltError):

@@ -8,6 +8,7 @@ test talks to a real ``tokenbelt serve`` subprocess.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -33,21 +34,21 @@ LONG = "Write a very long story, at least two thousand words, about a lighthouse
 WORDY = ("--seed", "7")
 STATUS = re.compile(
     r"first token (?P<ttft>[\d.]+|-)( ms)?, (?P<rate>[\d.]+|-) tok/s, "
-    r"end (?P<reason>\w+), cancel to release (?P<ctr>[\d.]+|-)( ms)?"
+    r"end (?P<reason>\w+)(, cancel to release (?P<ctr>[\d.]+|-)( ms)?)?"
     r"(?P<late> \(not released yet\))?"
 )
 
 
 @contextlib.contextmanager
-def chat(*args: str) -> Iterator[pexpect.spawn]:
+def chat(*args: str, columns: int = 120) -> Iterator[pexpect.spawn]:
     """``tokenbelt chat ARGS`` in a pty; killed at the end if it is still running."""
-    env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40"}
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": str(columns), "LINES": "40"}
     child = pexpect.spawn(
         sys.executable,
         ["-m", "tokenbelt", "chat", *args],
         encoding="utf-8",
         timeout=NET_S,
-        dimensions=(40, 120),
+        dimensions=(40, columns),
         env=env,
     )
     try:
@@ -83,13 +84,31 @@ def test_a_reply_streams_and_ctrl_d_exits() -> None:
         reply = child.before
         assert child.match is not None
         assert child.match["reason"] in {"stop", "length"}
-        assert child.match["ctr"] == "-"  # nothing was cancelled
+        assert child.match["ctr"] is None  # nothing was cancelled: no cancel to release
         assert re.search(r"\w", reply), reply
         child.expect_exact(PROMPT)
         child.sendeof()
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
+
+
+@pytest.mark.model
+def test_a_reply_wraps_at_word_boundaries_at_the_terminal_edge() -> None:
+    with chat(str(default_model_path()), "--max-tokens", "80", *WORDY, columns=60) as child:
+        child.expect_exact(PROMPT)
+        child.sendline("Describe the sea in three sentences.")
+        child.expect_exact("sentences.")
+        child.expect(STATUS)
+        lines = [line for line in child.before.split("\r\n") if line.strip()]
+        assert len(lines) >= 2, lines  # a reply longer than one line
+        # Every line break is ours (the terminal never had to cut a line) and falls
+        # between words: no line is wider than the terminal or ends inside a word.
+        assert all(len(line) <= 60 for line in lines), lines
+        for line, following in itertools.pairwise(lines):
+            assert len(line) < 60 or not (line[-1].isalnum() and following[0].isalnum()), lines
+        child.sendeof()
+        child.expect(pexpect.EOF)
 
 
 @pytest.mark.model
@@ -217,3 +236,24 @@ def test_an_unreachable_url_is_a_one_line_error() -> None:
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "cannot reach" in result.stderr
+
+
+@pytest.mark.model
+def test_a_thinking_model_reasons_dim_and_ctrl_c_stops_it_there(thinking_model: Path) -> None:
+    """The reasoning streams dim (SGR 2) before the answer; Ctrl-C inside it stops the
+    request there (``user_cancel``), released, and the prompt returns."""
+    with chat(str(thinking_model), "--max-tokens", "4000", "--temperature", "0") as child:
+        child.expect_exact(PROMPT)
+        child.sendline(LONG)
+        child.expect_exact("lighthouse keeper.")
+        child.expect_exact("\x1b[2m")  # dim: the reasoning phase
+        child.expect(r"(\w+[^\w\n]+){8}")
+        child.sendintr()
+        child.expect_exact("[stopped]")
+        child.expect(STATUS)
+        assert child.match is not None
+        assert child.match["reason"] == "user_cancel"
+        assert child.match["late"] is None
+        child.expect_exact(PROMPT)
+        child.sendeof()
+        child.expect(pexpect.EOF)

@@ -49,8 +49,9 @@ def test_list_json_shows_the_default_model(home: Path, capsys: pytest.CaptureFix
     data = json.loads(out)
     assert data["devices"][-1] == "cpu"
     assert data["device_reason"]
-    (row,) = data["models"]
+    row, *others = data["models"]
     assert row["alias"] == DEFAULT_ALIAS
+    assert [r["kind"] for r in (row, *others)] == ["chat", "embedding", "rerank"]
     assert row["variant"] == DEFAULT_VARIANT
     assert row["source"] == "distribution"
     assert row["state"] in ("unverified", "verified")
@@ -62,6 +63,8 @@ def test_list_table(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert DEFAULT_VARIANT in out
     assert "Q4_1" in out
     assert "93.8 MiB" in out
+    assert "embedding" in out
+    assert "rerank" in out
 
 
 @pytest.mark.parametrize(
@@ -161,7 +164,7 @@ def test_add_list_verify_forget(
     assert "forgot mine" in out
     assert copy.exists()
     code, out, _ = run(capsys, "models", "list", "--json")
-    assert [r["alias"] for r in json.loads(out)["models"]] == [DEFAULT_ALIAS]
+    assert "mine" not in [r["alias"] for r in json.loads(out)["models"]]
 
 
 def test_add_rejects_a_file_that_is_not_gguf(

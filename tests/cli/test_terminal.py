@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tokenbelt.cli._terminal import Command, QuietKeys, clean_typed
+from tokenbelt.cli._terminal import Command, QuietKeys, WordWrap, clean_typed
 
 
 @pytest.mark.parametrize(
@@ -55,3 +55,29 @@ def test_outside_a_terminal_keys_are_left_alone() -> None:
     finally:
         os.close(read)
         os.close(write)
+
+
+def wrapped(pieces: list[str], width: int) -> list[str]:
+    wrap = WordWrap(width)
+    return ("".join(wrap.feed(p) for p in pieces) + wrap.finish()).split("\n")
+
+
+def test_streamed_words_break_at_word_boundaries_at_the_edge() -> None:
+    text = "The lighthouse keeper climbed the spiral stairs every evening at dusk."
+    # Pieces that cut words, as tokens do.
+    pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
+    lines = wrapped(pieces, 20)
+    assert all(len(line) <= 20 for line in lines), lines
+    assert " ".join(line.strip() for line in lines) == text  # no word was cut
+    assert lines == [
+        "The lighthouse ",
+        "keeper climbed the ",
+        "spiral stairs every ",
+        "evening at dusk.",
+    ]
+
+
+def test_a_word_wider_than_the_terminal_breaks_at_the_edge_and_newlines_reset() -> None:
+    assert wrapped(["abcdefghij", "klm no"], 4) == ["abcd", "efgh", "ijkl", "m no"]
+    assert wrapped(["one\ntwo three"], 8) == ["one", "two ", "three"]
+    assert wrapped(["日本語の文"], 4) == ["日本", "語の", "文"]  # wide characters: 2 cells

@@ -6,8 +6,10 @@ Every knob is per file and one-shot where that makes a scenario simple to write.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import http.server
+import itertools
 import threading
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -53,7 +55,10 @@ class FileServer:
 
     def __init__(self) -> None:
         self.files: dict[str, Served] = {}
+        #: in the order the requests arrived (a response's log line can race the next one's)
         self.hits: list[Hit] = []
+        self._arrivals: list[int] = []
+        self._counter = itertools.count()
         self.release = threading.Event()  # frees every stalled response
         self.stalled = threading.Event()  # set when a response goes silent
         self.requested = threading.Event()  # set at every GET (after logging it)
@@ -90,9 +95,15 @@ class FileServer:
         self._server.server_close()
         self._thread.join()
 
-    def _log(self, hit: Hit) -> None:
+    def _arrive(self) -> int:
         with self._lock:
-            self.hits.append(hit)
+            return next(self._counter)
+
+    def _log(self, hit: Hit, arrival: int) -> None:
+        with self._lock:
+            at = bisect.bisect(self._arrivals, arrival)
+            self._arrivals.insert(at, arrival)
+            self.hits.insert(at, hit)
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         server = self
@@ -108,6 +119,7 @@ class FileServer:
                 self._serve(body=True)
 
             def _serve(self, body: bool) -> None:
+                arrival = server._arrive()
                 served = server.files.get(self.path.split("?")[0])
                 asked = self.headers.get("Range")
                 method = "GET" if body else "HEAD"
@@ -118,7 +130,7 @@ class FileServer:
                     for k, v in (served.headers if served else {}).items():
                         self.send_header(k, v)
                     self.end_headers()
-                    server._log(Hit(method, self.path, asked, status, 0))
+                    server._log(Hit(method, self.path, asked, status, 0), arrival)
                     if body:
                         server.requested.set()
                     return
@@ -127,7 +139,7 @@ class FileServer:
                     served.gate.wait(SAFETY)
                 if body and served.stall_headers:
                     served.stall_headers = False
-                    server._log(Hit(method, self.path, asked, 0, 0))
+                    server._log(Hit(method, self.path, asked, 0, 0), arrival)
                     server.requested.set()
                     server.stalled.set()
                     server.release.wait(SAFETY)
@@ -141,7 +153,7 @@ class FileServer:
                     self.send_header("Content-Range", f"bytes */{size}")
                     self.send_header("Content-Length", "0")
                     self.end_headers()
-                    server._log(Hit(method, self.path, asked, 416, 0))
+                    server._log(Hit(method, self.path, asked, 416, 0), arrival)
                     return
                 status = 206 if start else 200
                 self.send_response(status)
@@ -153,7 +165,7 @@ class FileServer:
                     self.send_header(k, v)
                 self.end_headers()
                 if not body:
-                    server._log(Hit(method, self.path, asked, status, 0))
+                    server._log(Hit(method, self.path, asked, status, 0), arrival)
                     return
                 stop, then = size, None
                 if served.drop_at is not None and served.drop_at > start:
@@ -170,7 +182,7 @@ class FileServer:
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     pass
-                server._log(Hit(method, self.path, asked, status, sent))
+                server._log(Hit(method, self.path, asked, status, sent), arrival)
                 server.requested.set()
                 if then == "stall":
                     server.stalled.set()

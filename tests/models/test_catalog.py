@@ -57,7 +57,8 @@ def parse(*entries: dict[str, Any]) -> None:
 
 
 def test_shipped_catalog_describes_the_embedded_model() -> None:
-    (smol,) = shipped_entries()
+    smol, *others = shipped_entries()
+    assert [e.kind for e in (smol, *others)] == ["chat", "embedding", "rerank"]
     assert smol.alias == DEFAULT_ALIAS == "smollm2-135m"
     assert (smol.family, smol.license, smol.context_length) == ("smollm2", "Apache-2.0", 8192)
     (variant,) = smol.variants
@@ -70,6 +71,40 @@ def test_shipped_catalog_describes_the_embedded_model() -> None:
     path = default_model_path()
     assert variant.size == path.stat().st_size
     assert variant.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_embedding_and_rerank_entries_pin_their_files() -> None:
+    by_alias = {e.alias: e for e in shipped_entries()}
+    nomic, rerank = by_alias["nomic-embed-text-v1.5"], by_alias["bge-reranker-v2-m3"]
+    assert (nomic.kind, nomic.pooling, nomic.matryoshka) == (
+        "embedding",
+        None,
+        (768, 512, 256, 128, 64),
+    )
+    assert (rerank.kind, rerank.pooling) == ("rerank", "rank")
+    assert nomic.variants[0].size == 146_146_432
+    assert rerank.variants[0].size == 635_676_416
+    assert nomic.to_json()["kind"] == "embedding"
+    assert parse_catalog_text(
+        json.dumps({"models": [nomic.to_json(), rerank.to_json()]}), "again.json"
+    ) == [nomic, rerank]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("kind", "vision"), ("pooling", "max"), ("matryoshka", [64, 0]), ("matryoshka", "64")],
+)
+def test_a_bad_kind_pooling_or_matryoshka_is_refused(field: str, value: Any) -> None:
+    entry = {
+        "alias": "e",
+        "family": "f",
+        "license": "MIT",
+        "context_length": 512,
+        "variants": [{**shipped_entries()[0].variants[0].to_json(), "id": "e-cpu"}],
+        field: value,
+    }
+    with pytest.raises(CatalogError, match=field):
+        parse(entry)
 
 
 def test_every_source_kind_parses(tmp_path: Path) -> None:
@@ -162,7 +197,8 @@ def test_duplicate_alias_and_variant_ids_are_rejected() -> None:
 def test_user_catalog_adds_and_overrides(home: Home) -> None:
     write_user_catalog(home, entry())
     catalog = Catalog.load(home)
-    assert [e.alias for e in catalog] == [DEFAULT_ALIAS, "tiny"]
+    shipped = [e.alias for e in shipped_entries()]
+    assert [e.alias for e in catalog] == [*shipped, "tiny"]
     assert catalog.get("tiny").origin == home.catalog_file
     assert catalog.lookup("tiny-q8-cpu")[1] is not None
     # the same alias in the user catalog replaces the shipped entry
@@ -184,5 +220,5 @@ def test_unknown_alias_lists_close_matches_and_never_falls_back() -> None:
     with pytest.raises(UnknownModel) as info:
         catalog.lookup("smollm2-135")
     assert "did you mean 'smollm2-135m'" in str(info.value)
-    with pytest.raises(UnknownModel, match=r"unknown model 'qwen' \(known aliases: smollm2-135m\)"):
+    with pytest.raises(UnknownModel, match=r"unknown model 'qwen' \(known aliases: bge-rer"):
         catalog.lookup("qwen")

@@ -108,7 +108,8 @@ def test_get_names_the_loaded_models(runtime: Runtime) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"slots": 0}, {"queue_size": 0}, {"capacity": 0}, {"capacity": 1.5}]
+    "kwargs",
+    [{"slots": 0}, {"queue_size": 0}, {"capacity": 0}, {"capacity": 1.5}, {"kv_type": "q4_0"}],
 )
 def test_bad_sizes_are_rejected_up_front(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidArgument):

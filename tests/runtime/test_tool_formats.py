@@ -18,7 +18,7 @@ from tokenbelt.runtime._structured import (
     tools_from,
     tools_grammar,
 )
-from tooling import WEATHER
+from tooling import WEATHER, trigger_fires, trigger_matches
 
 TOOLS = tools_from([WEATHER])
 ARGS = '{"city": "Paris {1]"}'
@@ -129,20 +129,22 @@ def test_a_call_cut_short_is_a_cut_call_and_never_content(family: str, call: str
 
 
 def test_each_familys_lazy_trigger_fires_at_its_marker_only() -> None:
-    def triggers(family: str) -> list[re.Pattern[str]]:
+    def fires(family: str, text: str) -> bool:
         grammar = tools_grammar(TOOLS, "auto", tool_format=family)
         assert grammar is not None
-        return [re.compile(t, re.DOTALL) for t in grammar.triggers]
-
-    def fires(family: str, text: str) -> bool:
-        return any(t.fullmatch(text) for t in triggers(family))
+        assert grammar.triggers
+        return trigger_fires(grammar, text)
 
     assert fires("llama3", "Let me see <|python_tag|>")
     assert fires("llama3", '  {"na')
     assert not fires("llama3", 'Text {"name": "')
     assert fires("mistral", "ok [TOOL_CALLS]")
     assert fires("mistral", '[TOOL_CALLS][{"name')
-    assert not fires("mistral", "[TOOL_CALLS] maybe")
+    assert not fires("mistral", "The weather, maybe. " * 40 + "[TOOL_CALL")
+    # A piece carrying the marker and text the call cannot start with never fires.
+    mistral = tools_grammar(TOOLS, "auto", tool_format="mistral")
+    assert mistral is not None
+    assert not trigger_matches(mistral.triggers[0], "ok [TOOL_CALLS] maybe")
     assert fires("hermes", '<tool_call>\n{"')
     llama = tools_grammar(TOOLS, "required", tool_format="llama3")
     assert llama is not None

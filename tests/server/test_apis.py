@@ -209,13 +209,23 @@ def test_an_engine_failure_is_an_error_in_each_apis_shape(
     for n in range(2):
         served.assert_released(served.recorder.nth(n), EndReason.RUNTIME_ERROR)
     if stream:
-        *pieces, last = [json.loads(line) for line in ollama.text.splitlines()]
+        # The failure is said in each dialect's way, and the stream still ends with its
+        # dialect's own last event and the exact reason.
+        *pieces, error, last = [json.loads(line) for line in ollama.text.splitlines()]
         assert [p["response"] for p in pieces] == words(2)
-        assert "DecodeError" in last["error"]
+        assert "DecodeError" in error["error"]
+        assert error["tokenbelt"]["end_reason"] == "runtime_error"
+        assert (last["done"], last["done_reason"]) == (True, "runtime_error")
         assert last["tokenbelt"]["end_reason"] == "runtime_error"
-        assert anthropic.text.rstrip().split("\n\n")[-1].startswith("event: error\n")
-        assert '"type":"api_error"' in anthropic.text
-        assert "message_stop" not in anthropic.text
+        events = anthropic.text.rstrip().split("\n\n")
+        assert [e.split("\n")[0] for e in events[-3:]] == [
+            "event: error",
+            "event: message_delta",
+            "event: message_stop",
+        ]
+        assert '"type":"api_error"' in events[-3]
+        assert '"stop_reason":"max_tokens"' in events[-2]
+        assert '"end_reason":"runtime_error"' in events[-2]
     else:
         assert ollama.status_code == anthropic.status_code == 500
         assert "scripted failure" in ollama.json()["error"]

@@ -70,9 +70,16 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("temperature-text", CHAT, chat_body(temperature="hot"), 400, "invalid_body", "temperature"),
     ("temperature-high", CHAT, chat_body(temperature=7), 400, "invalid_body", "temperature"),
     ("stream-not-bool", CHAT, chat_body(stream="please"), 400, "invalid_body", "stream"),
+    # The schema is the behaviour: no string is read as a boolean or a number.
+    ("stream-yes", CHAT, chat_body(stream="yes"), 400, "invalid_body", "stream"),
+    ("stream-true-text", CHAT, chat_body(stream="true"), 400, "invalid_body", "stream"),
+    ("max-tokens-digits", CHAT, chat_body(max_tokens="10"), 400, "invalid_body", "max_tokens"),
+    ("temperature-digits", CHAT, chat_body(temperature="1"), 400, "invalid_body", "temperature"),
+    ("seed-bool", CHAT, chat_body(seed=True), 400, "invalid_body", "seed"),
     ("n-0", CHAT, chat_body(n=0), 400, "invalid_body", "n"),
     ("n-too-many", CHAT, chat_body(n=17), 400, "invalid_body", "n"),
-    ("empty-stop", CHAT, chat_body(stop=[""]), 400, "invalid_value", None),
+    ("empty-stop", CHAT, chat_body(stop=[""]), 400, "invalid_body", "stop.0"),
+    ("empty-stop-string", CHAT, chat_body(stop=""), 400, "invalid_body", "stop"),
     ("two-prompts", COMPLETIONS, {"prompt": ["a", "b"]}, 400, "invalid_value", None),
     (
         "unknown-extension-key",

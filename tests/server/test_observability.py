@@ -171,3 +171,22 @@ def _runtime() -> Runtime:
     runtime.add_engines("scripted", [ScriptedEngine(words(10), delay=0)])
     runtime.add_engines("slow", [ScriptedEngine(words(100_000), delay=0.002)])
     return runtime
+
+
+def test_a_batch_engine_reports_the_prefix_cache_it_restored_from_disk() -> None:
+    from prometheus_client import generate_latest
+
+    from tokenbelt.engines import BatchStatistics
+    from tokenbelt.server.core._metrics import Metrics
+
+    stats = BatchStatistics(2, 0, 0, 0, 0, 0, 0, 0, 1, 2, restored_entries=1, restored_tokens=1025)
+    metrics = Metrics(dict, lambda: [("m", stats)])
+    text = generate_latest(metrics.registry).decode()
+    found = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("model") == "m"
+    }
+    assert found["tokenbelt_batch_prefix_cache_restored_entries_total"] == 1
+    assert found["tokenbelt_batch_prefix_cache_restored_tokens_total"] == 1025

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -219,11 +220,29 @@ def test_delete_keeps_a_packaged_file_and_refuses_an_unknown_name(
     assert missing.value.status_code == 404
 
 
-def test_embeddings_are_a_clear_error(client: ollama.Client, served: Served) -> None:
+def test_embed_gives_unit_vectors_one_per_input(client: ollama.Client, served: Served) -> None:
+    one = client.embed(name(served), "hello")
+    many = client.embed(name(served), ["hello", "hello", "a quiet evening by the sea"])
+    assert len(one.embeddings) == 1
+    assert len(one.embeddings[0]) == 576
+    assert many.embeddings[0] == many.embeddings[1] != many.embeddings[2]
+    assert all(abs(math.fsum(x * x for x in v) - 1.0) < 1e-4 for v in many.embeddings)
+    assert many.prompt_eval_count is not None
+    assert many.prompt_eval_count > 3
+    legacy = client.embeddings(name(served), "hello")
+    norm = math.sqrt(math.fsum(x * x for x in legacy.embedding))
+    assert norm > 0
+    assert all(
+        abs(a - b / norm) < 1e-4 for a, b in zip(one.embeddings[0], legacy.embedding, strict=True)
+    )
     with pytest.raises(ollama.ResponseError) as refused:
-        client.embed(name(served), "hello")
-    assert refused.value.status_code == 501
-    assert "embeddings are not supported" in str(refused.value.error)
+        client.embed(name(served), ["word " * 3000], truncate=False)
+    assert refused.value.status_code == 400
+    assert "input[0] has" in str(refused.value.error)
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(name(served), "hello", dimensions=64)
+    assert refused.value.status_code == 400
+    assert "Matryoshka" in str(refused.value.error)
 
 
 @pytest.mark.parametrize(
@@ -273,11 +292,12 @@ def test_keep_alive_zero_unloads_and_the_next_request_loads_again(
     assert model.state is ModelState.READY
     (running,) = client.ps().models
     assert running.expires_at is not None
-    assert model.keep_alive == 300.0
+    assert model.idle_keep_alive == 300.0  # that request's own
+    assert model.keep_alive is None  # the server's stays
 
     loaded = client.chat(name(served), messages=[], keep_alive=-1)
     assert loaded.done_reason == "load"
-    assert model.keep_alive is None
+    assert model.idle_keep_alive is None
 
 
 @pytest.mark.own_server  # unloads and reloads the model
@@ -291,14 +311,14 @@ def test_a_load_after_an_unload_stays_loaded_and_one_without_keep_alive_is_a_loa
     assert model.state is ModelState.IDLE_UNLOADED
     assert client.chat(name(served), messages=[], keep_alive=300).done_reason == "load"
     assert model.state is ModelState.READY
-    assert model.keep_alive == 300.0
+    assert model.idle_keep_alive == 300.0
     (running,) = client.ps().models
     assert running.name == name(served)
 
-    again = client.generate(name(served), "")  # no keep_alive given
+    again = client.generate(name(served), "")  # no keep_alive given: the server's
     assert again.done_reason == "load"
     assert model.state is ModelState.READY
-    assert model.keep_alive == 300.0
+    assert model.idle_keep_alive == model.keep_alive
 
 
 def test_request_id_header_and_deadline_extension(served: Served) -> None:
@@ -545,3 +565,21 @@ def test_bad_tool_input_is_one_400_naming_the_field(
     assert set(refused.json()) == {"error"}
     assert named in refused.json()["error"]
     assert served.recorder.events == []
+
+
+@pytest.mark.parametrize("keep_alive", [1e15, -1.5e16, "99999999h"])
+def test_a_keep_alive_past_its_range_is_refused_naming_it_and_ps_still_answers(
+    client: ollama.Client, served: Served, keep_alive: float | str
+) -> None:
+    """A year either way at most: past it no timer can wait (the keep-alive thread died)
+    and no date can be written (``/api/ps`` answered 500 until it was reset)."""
+    before = served.model().keep_alive
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(name(served), messages=SEA, keep_alive=keep_alive)
+    assert refused.value.status_code == 400
+    assert "keep_alive" in str(refused.value.error)
+    assert "at most 31536000 seconds" in str(refused.value.error)
+    assert served.recorder.events == []  # refused before anything was queued
+    assert served.model().keep_alive == before  # unchanged
+    response = httpx.get(f"{served.url}/api/ps", timeout=NET)
+    assert response.status_code == 200

@@ -351,7 +351,7 @@ def test_cancel_a_background_response(stored: Served) -> None:
     ("body", "param"),
     [
         ({"input": "hi", "temperatur": 1}, "temperatur"),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+        ({"input": [{"type": "web_search_call", "status": "completed"}]}, "input.0.type"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
@@ -376,7 +376,7 @@ def test_bad_input_is_a_400_naming_it(stateless: Served, body: dict[str, Any], p
 @pytest.mark.parametrize(
     ("method", "path", "status"),
     [
-        ("POST", "/v1/embeddings", 501),
+        ("POST", "/v1/images/generations", 501),
         ("POST", "/v1/audio/speech", 501),
         ("POST", "/v1/messages/batches", 501),
         ("GET", "/v1/nothing-here", 404),

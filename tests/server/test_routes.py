@@ -20,10 +20,18 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
         assert entry["id"] == "scripted"
         # The catalog's aliases are listed apart, with whether their file is here.
         catalog = models["tokenbelt"]["not_served"]
-        assert [(m["id"], m["tokenbelt"]["loaded"], m["tokenbelt"]["state"]) for m in catalog] == [
-            ("smollm2-135m", False, "available")
-        ]
+        first = catalog[0]
+        assert (first["id"], first["tokenbelt"]["loaded"], first["tokenbelt"]["state"]) == (
+            "smollm2-135m",
+            False,
+            "available",
+        )
         assert catalog[0]["tokenbelt"]["cached"] is True
+        # the embedding and rerank entries, whose files are not here
+        assert [(m["id"], m["tokenbelt"]["cached"]) for m in catalog[1:]] == [
+            ("nomic-embed-text-v1.5", False),
+            ("bge-reranker-v2-m3", False),
+        ]
         assert entry["object"] == "model"
         info = entry["tokenbelt"]
         assert info["loaded"] is True
@@ -37,6 +45,23 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
             "models": {"scripted": "ready"},
             "loads": {},
             "responses_store": {"enabled": False, "budget_bytes": 0, "ttl_s": 3600.0},
+            "model_status": {
+                "scripted": {
+                    "name": "scripted",
+                    "state": "ready",
+                    "unloaded_because": None,
+                    "pinned": False,
+                    "memory": None,  # a scripted engine: nothing to count
+                    "slots": 1,
+                    "running": 0,
+                    "queued": 0,
+                    "keep_alive_s": None,
+                    "expires_in_s": None,
+                    "loads": 1,
+                    "evictions": 0,
+                }
+            },
+            "memory": {"budget_bytes": None, "used_bytes": 0, "evictions": 0},
         }
 
         paths = client.get("/openapi.json").json()["paths"]

@@ -203,8 +203,10 @@ def test_a_model_path_does_not_tell_whether_the_file_exists(
 
     found, absent = ask(real), ask(missing)
     assert found.status_code == absent.status_code == 404
-    shown = found.json()["error"]["message"].replace(str(real), "PATH")
-    assert shown == absent.json()["error"]["message"].replace(str(missing), "PATH")
+    # (An answer names a path by its last part only: the file's name.)
+    shown = found.json()["error"]["message"].replace(real.name, "PATH")
+    assert shown == absent.json()["error"]["message"].replace(missing.name, "PATH")
+    assert str(tmp_path) not in shown
     assert found.json()["error"]["code"] == absent.json()["error"]["code"] == "model_not_found"
 
 
@@ -308,3 +310,19 @@ def test_curl_d_and_a_body_without_content_type_are_json_but_not_from_a_browser(
             assert refused.status_code == 400, refused.text
             assert "Content-Type: application/json" in refused.text
     assert len(served.recorder.events) == answered  # nothing more was queued
+
+
+def test_with_api_keys_health_details_are_for_key_holders_only(serve: ServeFactory) -> None:
+    """A probe without a key still gets the verdict (and the status code); what a
+    stranger could use (worker pids, memory, crash and load errors) needs a key."""
+    served = serve(scripted_runtime(StallingEngine([" a"])), ServerSettings(api_key="alice-key"))
+    for path in ("/health", "/health/ready"):
+        anonymous = httpx.get(f"{served.url}{path}", timeout=NET)
+        assert anonymous.status_code == 200
+        assert set(anonymous.json()) == {"status", "models", "details"}
+        assert anonymous.json()["status"] == "ok"
+        keyed = httpx.get(
+            f"{served.url}{path}", headers={"Authorization": "Bearer alice-key"}, timeout=NET
+        )
+        assert keyed.status_code == 200
+        assert {"status", "reason", "models", "loads"} <= set(keyed.json())

@@ -127,6 +127,7 @@ def test_stop_button_cancels_at_the_server_and_releases_within_100_ms(
     assert figures["click_to_release_ms"] <= STOP_BUDGET_MS, figures
 
     timeline_strip = reply.get_by_test_id("timeline")
+    reply.get_by_test_id("trace").locator("summary").click()  # the trace: one click away
     expect(timeline_strip).to_be_visible()
     for mark in ("enqueued", "first_token", "last_token", "cancel_requested", "released"):
         expect(timeline_strip.locator(f"[data-mark={mark}]")).to_contain_text("ms")

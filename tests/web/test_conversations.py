@@ -218,9 +218,9 @@ def test_regenerate_edit_and_copy(laptop: Page, server_url: str) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("max-tokens", "0", "a whole number from 1 to 1000000"),
-        ("max-tokens", "2.5", "a whole number from 1 to 1000000"),
-        ("max-tokens", "1000001", "a whole number from 1 to 1000000"),
+        ("max-tokens", "0", "a whole number from 1 to 1048576"),
+        ("max-tokens", "2.5", "a whole number from 1 to 1048576"),
+        ("max-tokens", "1048577", "a whole number from 1 to 1048576"),
         ("temperature", "3", "a number from 0 to 2"),
         ("temperature", "-0.5", "a number from 0 to 2"),
         ("top-p", "0", "more than 0 and at most 1"),

@@ -69,6 +69,9 @@ def test_twenty_stops_are_each_user_cancel_everywhere(
             page.click("#stop")
             expect(reply).to_have_attribute("data-end-reason", "user_cancel", timeout=15_000)
             ids.append(str(reply.get_attribute("data-request-id")))
+            # A stopped reply stays in the conversation unless dropped: dropped, each
+            # question is asked afresh (the prompt does not grow by twenty replies).
+            reply.get_by_test_id("drop-partial").click()
     finally:
         next(pages, None)  # no page errors, then the browser context is closed
     assert len(set(ids)) == STOPS

@@ -2,7 +2,16 @@
 
 from . import _invariants as invariants
 from ._belt import Belt, BeltStatistics
-from ._limits import Deadlines, Limits, check_capacity, check_duration
+from ._limits import (
+    MAX_DURATION_S,
+    MAX_KEEP_ALIVE_S,
+    Deadlines,
+    Limits,
+    check_capacity,
+    check_duration,
+    check_keep_alive,
+)
+from ._ranges import MAX_CONTEXT, RANGES, Range, check
 from ._reasons import EndReason
 from ._timer import DeadlineTimer
 from ._trace import DEFAULT_RELEASE_LAG_THRESHOLD, Observer, Trace, TraceEvent, new_request_id
@@ -10,6 +19,10 @@ from ._views import BeltReader, Producer, producing
 
 __all__ = [
     "DEFAULT_RELEASE_LAG_THRESHOLD",
+    "MAX_CONTEXT",
+    "MAX_DURATION_S",
+    "MAX_KEEP_ALIVE_S",
+    "RANGES",
     "Belt",
     "BeltReader",
     "BeltStatistics",
@@ -19,10 +32,13 @@ __all__ = [
     "Limits",
     "Observer",
     "Producer",
+    "Range",
     "Trace",
     "TraceEvent",
+    "check",
     "check_capacity",
     "check_duration",
+    "check_keep_alive",
     "invariants",
     "new_request_id",
     "producing",

@@ -386,6 +386,12 @@ class Belt(Generic[T]):
         self.cancel(expired)
         return False
 
+    def room(self) -> int:
+        """Non-blocking: how many ``put_nowait`` calls fit now (0 once the belt ended);
+        a batch engine that verifies a draft puts several items in one step."""
+        with self._lock:
+            return 0 if self._reason is not None else max(0, self.capacity - len(self._items))
+
     def on_room(self, callback: Callable[[], None]) -> bool:
         """Call ``callback()`` once, when a read makes room or the belt ends.
 

@@ -2,34 +2,40 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .._errors import InvalidArgument
+from ._ranges import RANGES, check
+
+#: the longest duration any surface accepts (a deadline, a grace, a timeout, a delay): a
+#: year, in seconds. Past it no timer can wait (``threading`` raises ``OverflowError``,
+#: which killed the thread that waited) and no date can be written.
+MAX_DURATION_S = RANGES["timeout"].high
+#: the longest ``keep_alive`` (SDK, ``--keep-alive``, Ollama's field): the same year
+MAX_KEEP_ALIVE_S = RANGES["keep_alive"].high
+
+
+def check_keep_alive(value: float | None) -> float | None:
+    """``value`` as seconds a model stays loaded when idle (``None``: for ever); raises
+    ``InvalidArgument`` (naming ``keep_alive`` and its range) unless 0 <= value <= a year."""
+    return None if value is None else float(check("keep_alive", value))
 
 
 def check_duration(name: str, value: float | None, *, allow_zero: bool = True) -> float | None:
     """Return ``value`` as a float if it is a valid duration in seconds, else raise.
 
-    ``None`` means "no limit". Negative, NaN and infinite values are rejected.
+    ``None`` means "no limit". The range is the table's: ``delay`` (0 to a year) or, with
+    ``allow_zero=False``, ``timeout`` (more than 0, at most a year); NaN and infinity are
+    refused.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number, got {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise InvalidArgument(f"{name} must be a finite number, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidArgument(f"{name} must be positive, got {value!r}")
-    return seconds
+    return float(check("delay" if allow_zero else "timeout", value, label=name))
 
 
 def check_capacity(value: int, *, name: str = "capacity") -> int:
-    """Reject a capacity that is not an integer >= 1 (trio: no unbounded buffers)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
-    return value
+    """Reject a count outside its range in ``RANGES`` (trio: no unbounded buffers); a
+    ``name`` the table does not hold has the range of ``capacity``."""
+    return int(check(name if name in RANGES else "capacity", value, label=name))
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Protocol
+
+logger = logging.getLogger("tokenbelt.deadlines")
+
+#: seconds the timer's loop waits before it starts again after a failure (no spinning)
+_RESTART_PAUSE_S = 0.05
 
 
 class Expirable(Protocol):
@@ -40,10 +46,14 @@ class DeadlineTimer:
         self._heap: list[tuple[float, int, weakref.ref[Expirable]]] = []
         self._ids = itertools.count()
         self._closed = False
+        #: expiries that raised (logged; the thread went on)
+        self.failures = 0
+        #: times the thread's own loop failed (logged; it started again)
+        self.restarts = 0
         # Started now, not with the first deadline: the thread's life is the owner's
         # (a runtime), from construction to ``close()``.
         self._thread: threading.Thread | None = threading.Thread(
-            target=self._run, name=name, daemon=True
+            target=self._keep_running, name=name, daemon=True
         )
         self._thread.start()
 
@@ -55,6 +65,21 @@ class DeadlineTimer:
             heapq.heappush(self._heap, (when, next(self._ids), weakref.ref(belt)))
             if self._heap[0][0] == when:
                 self._cond.notify()
+
+    def _keep_running(self) -> None:
+        """The thread: ``_run`` until ``close()``. A failure of the loop itself (the clock,
+        a wait) is logged, counted (``restarts``) and the loop started again after a short
+        pause, its heap intact: every deadline of the runtime waits on this one thread."""
+        while True:
+            try:
+                self._run()
+                return
+            except Exception:
+                self.restarts += 1
+                logger.exception("the deadline timer failed; it starts again")
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._closed, _RESTART_PAUSE_S):
+                        return
 
     def _run(self) -> None:
         while True:
@@ -72,7 +97,14 @@ class DeadlineTimer:
             belt = ref()
             if belt is None:
                 continue
-            later = belt.expire()
+            try:
+                later = belt.expire()
+            except Exception:
+                # A cancel callback that fails must not end the thread every other
+                # deadline of the runtime waits on: say so, and go on.
+                self.failures += 1
+                logger.exception("a deadline's cancel failed; the deadline timer goes on")
+                continue
             if later is not None:
                 self.schedule(belt, later)
 

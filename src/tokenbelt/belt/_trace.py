@@ -93,6 +93,10 @@ class Trace:
         #: prompt tokens whose KV cells came from the prefix cache instead of compute
         self.cached_tokens = 0
         self.completion_tokens = 0
+        #: tokens drafted (prompt lookup) and verified in a step, and those of them the
+        #: sampler accepted: each accepted one is a token that cost no step of its own
+        self.draft_tokens = 0
+        self.accepted_draft_tokens = 0
         self.buffer_peak = 0
         self.release_lagged = False
         #: ids of other requests that shared a batched decode step with this one
@@ -105,6 +109,21 @@ class Trace:
         #: the engine worker process that served it: its ``pid``, and ``killed`` (why
         #: the runtime killed it) when a stop it did not honour in time ended it
         self.worker: dict[str, Any] | None = None
+        #: a thinking model's reasoning phase (set by the engine): when it started and
+        #: ended, its tokens so far, and what ended it (``marker``: the model wrote its
+        #: end marker; ``budget``: ``reasoning_budget`` was spent; ``deadline``:
+        #: ``reasoning_timeout`` passed). Started and not ended: the request ended in it
+        self.reasoning_started: float | None = None
+        self.reasoning_ended: float | None = None
+        self.reasoning_tokens = 0
+        self.reasoning_ended_by: str | None = None
+        #: when the first token after the reasoning's end marker was sampled (shown or
+        #: not: an answer's leading white space is never shown)
+        self.answer_started: float | None = None
+        #: what the request asks: ``generate``, ``embed`` or ``rerank``
+        self.kind = "generate"
+        #: the inputs of an embed or rerank request (0 for generation)
+        self.inputs = 0
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
         # Events wait here in the order their facts were recorded; ``flush`` delivers them.
@@ -258,6 +277,32 @@ class Trace:
         if lag is not None and lag > self.release_lag_threshold:
             self._alert_lag("request %s released %.0f ms after it was asked to stop", lag)
 
+    def mark_reasoning(
+        self, tokens: int, ended_by: str | None = None, at: float | None = None
+    ) -> None:
+        """The reasoning phase's progress: its first call marks its start, one with
+        ``ended_by`` its end (once); ``tokens`` is its token count so far."""
+        when = self.clock() if at is None else at
+        if self.reasoning_started is None:
+            self.reasoning_started = when
+        self.reasoning_tokens = tokens
+        if ended_by is not None and self.reasoning_ended is None:
+            self.reasoning_ended = when
+            self.reasoning_ended_by = ended_by
+
+    def mark_answer(self, at: float | None = None) -> None:
+        """The first token of the answer after a reasoning phase was sampled (once)."""
+        if self.answer_started is None:
+            self.answer_started = self.clock() if at is None else at
+
+    @property
+    def phase(self) -> str | None:
+        """``reasoning`` while (or if the request ended while) the reasoning phase was
+        open, ``answer`` after it, None for a request without one."""
+        if self.reasoning_started is None:
+            return None
+        return "reasoning" if self.reasoning_ended is None else "answer"
+
     def wait_released(self, timeout: float | None = None) -> bool:
         """Block until the release is recorded; False if ``timeout`` passed first."""
         return self._released_event.wait(timeout)
@@ -313,6 +358,8 @@ class Trace:
         return {
             "request_id": self.request_id,
             "model": self.model,
+            "kind": self.kind,
+            "inputs": self.inputs,
             "enqueued_at": None if origin is None else round(self._wall_anchor + origin, 6),
             "timeline_ms": {name: rel(getattr(self, name)) for name in TIMESTAMPS},
             "queue_wait_ms": ms(self.queue_wait),
@@ -323,6 +370,8 @@ class Trace:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
+            "draft_tokens": self.draft_tokens,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
             "buffer_peak": self.buffer_peak,
             "end_reason": None if self.end_reason is None else self.end_reason.value,
             "stop_sequence": self.stop_sequence,
@@ -331,6 +380,17 @@ class Trace:
             "batched_with": sorted(self.batched_with),
             "upstream": self.upstream,
             "worker": self.worker,
+            "reasoning": None
+            if self.reasoning_started is None
+            else {
+                "started_ms": rel(self.reasoning_started),
+                "ended_ms": rel(self.reasoning_ended),
+                "tokens": self.reasoning_tokens,
+                "ended_by": self.reasoning_ended_by,
+                "answer_started_ms": rel(self.answer_started),
+                # the phase the request was in when it ended (or is in now)
+                "phase": self.phase,
+            },
         }
 
     def __repr__(self) -> str:
@@ -349,6 +409,8 @@ class _ReleaseWatch:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Trace]] = []
         self._thread: threading.Thread | None = None
+        #: alerts that raised (logged; the thread went on)
+        self.failures = 0
 
     def watch(self, trace: Trace) -> None:
         deadline = time.monotonic() + trace.release_lag_threshold
@@ -372,9 +434,15 @@ class _ReleaseWatch:
                     self._cond.wait(remaining)
                     continue
                 heapq.heappop(self._heap)
-            if trace.released is None and trace.cancel_requested is not None:
-                lag = trace.clock() - trace.cancel_requested
-                trace._alert_lag("request %s still not released %.0f ms after its stop", lag)
+            try:
+                if trace.released is None and trace.cancel_requested is not None:
+                    lag = trace.clock() - trace.cancel_requested
+                    trace._alert_lag("request %s still not released %.0f ms after its stop", lag)
+            except Exception:
+                # One trace's alert (its clock, an observer) must not end the thread every
+                # later request's alert waits on: say so, count it, and go on.
+                self.failures += 1
+                logger.exception("a release-lag alert failed; the release watch goes on")
 
 
 _WATCH = _ReleaseWatch()

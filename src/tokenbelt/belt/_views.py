@@ -73,12 +73,13 @@ class Producer(Generic[T]):
     One engine loop may hold many of these (a batch engine serves one per sequence):
 
     - ``has_room()`` / ``put_nowait()`` / ``on_room()``: the non-blocking protocol, so
-      one loop never blocks on any single reader;
+      one loop never blocks on any single reader (``room()``: how many puts fit now);
     - ``wait_for_room()`` / ``put()`` / ``checkpoint()``: the blocking protocol of a
       thread that serves one request;
     - ``on_cancel()``, ``cancelled``, ``end_reason``: the stop, as it happens;
     - ``start()``, ``finish()``, ``fail()``, ``release()``: the request's life;
-    - ``count_prompt()``, ``count_token()``, ``count_cached()``: the trace's counters.
+    - ``count_prompt()``, ``count_token()``, ``count_cached()``, ``count_draft()``,
+      ``note_reasoning()``: the trace's counters.
     """
 
     __slots__ = ("_belt",)
@@ -108,6 +109,9 @@ class Producer(Generic[T]):
 
     def has_room(self) -> bool:
         return self._belt.has_room()
+
+    def room(self) -> int:
+        return self._belt.room()
 
     def put_nowait(self, item: T) -> None:
         self._belt.put_nowait(item)
@@ -148,6 +152,20 @@ class Producer(Generic[T]):
 
     def count_cached(self, tokens: int) -> None:
         self._belt.trace.cached_tokens = tokens
+
+    def count_draft(self, drafted: int, accepted: int) -> None:
+        """The request's drafting totals: tokens drafted and verified, tokens accepted."""
+        trace = self._belt.trace
+        trace.draft_tokens, trace.accepted_draft_tokens = drafted, accepted
+
+    def note_reasoning(self, tokens: int, ended_by: str | None = None) -> None:
+        """A thinking model's reasoning phase: started (first call), its token count, and
+        what ended it (``Trace.mark_reasoning``)."""
+        self._belt.trace.mark_reasoning(tokens, ended_by)
+
+    def note_answer(self) -> None:
+        """The first answer token after the reasoning was sampled (``Trace.mark_answer``)."""
+        self._belt.trace.mark_answer()
 
     def count_token(self) -> None:
         self._belt.trace.completion_tokens += 1

@@ -26,6 +26,7 @@ from rich.text import Text
 from .._defaults import DEFAULT_MAX_TOKENS
 from .._errors import TokenbeltError
 from ..belt import EndReason
+from ..engines import Piece
 from ..runtime import DEFAULT_ALIAS
 from ._chat_backend import RELEASE_WAIT_S, Backend, Turn, TurnError, TurnSummary
 from ._chat_local import LocalBackend, load_local
@@ -39,7 +40,7 @@ from ._common import (
     sampling_value,
     thread_count,
 )
-from ._terminal import Command, QuietKeys, clear_draft, help_text, offer_draft
+from ._terminal import Command, QuietKeys, WordWrap, clear_draft, help_text, offer_draft
 
 PROMPT = "you> "
 
@@ -49,20 +50,33 @@ def _reply(turn: Turn, console: Console, keys: QuietKeys) -> TurnSummary:
 
     Keys typed meanwhile are held by ``keys`` (neither echoed nor sent).
     """
+    # On a terminal, words are not cut at its edge; piped output is the text as it is.
+    wrap = WordWrap(console.width) if console.is_terminal else None
     with keys.held():
+        thinking = False
         try:
             for piece in turn:
-                console.out(piece, end="", highlight=False)
+                thought = piece.reasoning if isinstance(piece, Piece) else ""
+                if thought:
+                    # A thinking model's reasoning, dim, before its answer.
+                    text = wrap.feed(thought) if wrap else thought
+                    console.out(text, end="", style="dim", highlight=False)
+                    thinking = True
+                if piece:
+                    if thinking:  # the reasoning's last word, then the answer's own line
+                        console.out(wrap.feed("\n") if wrap else "\n", end="", style="dim")
+                        thinking = False
+                    console.out(wrap.feed(piece) if wrap else piece, end="", highlight=False)
         except KeyboardInterrupt:
             turn.cancel()
-            console.out("")
+            console.out(wrap.finish() if wrap else "")
             console.print("[stopped]", style="yellow", markup=False)
         except (TokenbeltError, httpx.HTTPError, ValueError) as exc:
             turn.cancel()
-            console.out("")
+            console.out(wrap.finish() if wrap else "")
             console.print(f"error: {exc}", style="red", markup=False)
         else:
-            console.out("")
+            console.out(wrap.finish() if wrap else "")
         try:
             return turn.summary()
         except KeyboardInterrupt:  # a second Ctrl-C while waiting for the release

@@ -69,10 +69,12 @@ class TurnSummary:
 
         rate = "-" if self.decode_tok_s is None else f"{self.decode_tok_s:.1f}"
         released = "" if self.released else " (not released yet)"
+        # Only a stopped reply has a cancel to release: a natural end has nothing to say.
+        stop = self.cancel_to_release_ms
+        cancel = "" if stop is None else f", cancel to release {ms(stop)}"
         return (
             f"first token {ms(self.time_to_first_token_ms)}, {rate} tok/s, "
-            f"end {self.end_reason or 'unknown'}, "
-            f"cancel to release {ms(self.cancel_to_release_ms)}{released}"
+            f"end {self.end_reason or 'unknown'}{cancel}{released}"
         )
 
 

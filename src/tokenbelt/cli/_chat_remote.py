@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from ..engines import Piece
 from ._chat_backend import (
     NATURAL_ENDS,
     RELEASE_WAIT_S,
@@ -89,7 +90,11 @@ class RemoteTurn:
             if chunk.get("error"):
                 raise TurnError(chunk["error"].get("message", "the generation failed"))
             for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content")
+                delta = choice.get("delta") or {}
+                thought = delta.get("reasoning_content")
+                if thought:  # a thinking model's reasoning: shown, not kept in the history
+                    yield Piece("", (), thought)
+                piece = delta.get("content")
                 if piece:
                     self.pieces.append(piece)
                     yield piece

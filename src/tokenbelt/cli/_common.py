@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._errors import InvalidArgument
-from ..belt import check_capacity, check_duration
+from ..belt import check, check_capacity, check_duration, check_keep_alive
 
 if TYPE_CHECKING:
     from ..runtime import Model, Runtime
@@ -88,6 +88,17 @@ def positive_int(text: str) -> int:
     return _convert(text, lambda t: check_capacity(int(t), name="value"))
 
 
+def counted(name: str) -> Callable[[str], int]:
+    """An argparse type for the count ``name`` of the range table (``RANGES``): the
+    SDK's own check, so a flag accepts exactly what the SDK and the HTTP API accept."""
+
+    def convert(text: str) -> int:
+        return _convert(text, lambda t: int(check(name, int(t))))
+
+    convert.__name__ = name  # argparse names the type in its "invalid ..." message
+    return convert
+
+
 def n_ctx(text: str) -> int:
     """A context size per sequence: the SDK's own bounds (``Runtime(n_ctx=...)``)."""
     from ..runtime import check_n_ctx
@@ -108,17 +119,25 @@ _UNITS = {
     "kib": 1024,
     "mib": 1024**2,
     "gib": 1024**3,
+    "tb": 1000**4,
+    "tib": 1024**4,
 }
 
 
 def _bytes(text: str) -> int:
-    number = text.strip().lower().rstrip("bikmg")
+    number = text.strip().lower().rstrip("bikmgt")
     unit = text.strip().lower()[len(number) :]
+    what = (
+        "a size is a number of bytes with an optional unit (kB, MB, GB, TB, KiB, MiB, "
+        f"GiB, TiB: 64MiB, 500kB), got {text!r}"
+    )
     if unit not in _UNITS or not number:
-        raise InvalidArgument(
-            f"a size is a number with an optional unit (64MiB, 500kB), got {text!r}"
-        )
-    return _non_negative(int(float(number) * _UNITS[unit]))
+        raise InvalidArgument(what)
+    try:
+        value = float(number)
+    except ValueError:
+        raise InvalidArgument(what) from None
+    return _non_negative(int(value * _UNITS[unit]))
 
 
 def byte_size(text: str) -> int:
@@ -131,9 +150,15 @@ def duration(text: str) -> float:
     return _convert(text, lambda t: check_duration("value", float(t)) or 0.0)
 
 
+def keep_alive_seconds(text: str) -> float:
+    """A ``keep_alive`` in seconds, in the range the SDK and the HTTP API accept."""
+    return _convert(text, lambda t: check_keep_alive(float(t)) or 0.0)
+
+
 def positive_duration(text: str) -> float:
-    """A finite number > 0."""
-    return _convert(text, lambda t: check_duration("value", float(t), allow_zero=False) or 0.0)
+    """A duration in seconds, in the range of ``RANGES["timeout"]``: more than 0, at most a
+    year (the SDK's ``Limits`` and the HTTP API's timeouts)."""
+    return _convert(text, lambda t: float(check("timeout", float(t), label="value")))
 
 
 def sampling_value(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
@@ -208,7 +233,7 @@ def add_thread_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefill-chunk",
-        type=positive_int,
+        type=counted("prefill_chunk"),
         default=128,
         help="most prompt tokens per batched step while others decode (default 128)",
     )

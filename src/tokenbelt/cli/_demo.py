@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from .._errors import InvalidArgument
 from ..belt import Belt, EndReason, check_capacity, check_duration
 from ..engines import GenerationRequest, SamplingParams, ScriptedEngine
-from ._common import Parser, non_negative_int, positive_int
+from ._common import Parser, counted, non_negative_int
 
 #: how many tokens the scripted producer has: --limit cannot ask for more
 SCRIPT_TOKENS = 1000
@@ -121,7 +121,7 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="run the belt experiment: a fast producer, a slow consumer that stops early",
         description="A fast scripted producer, a slow consumer, a bounded belt between them.",
     )
-    p.add_argument("--capacity", type=positive_int, default=2, help="belt capacity (>= 1)")
+    p.add_argument("--capacity", type=counted("capacity"), default=2, help="belt capacity (>= 1)")
     p.add_argument(
         "--limit",
         type=_limit,

@@ -48,6 +48,7 @@ def _list(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = [
         {
             "alias": entry.alias,
+            "kind": entry.kind,
             "variant": v.id,
             "device": v.device,
             "quantization": v.quantization,
@@ -80,7 +81,7 @@ def _list(args: argparse.Namespace) -> int:
         console = Console(width=200)  # a pipe or a file: no need to squeeze into 80 columns
     # The alias is what people type: never cut it. Narrow screens lose the least useful
     # columns first; the other cells wrap rather than end in an ellipsis.
-    columns = ["alias", "variant", "device", "quant", "size", "source", "state"]
+    columns = ["alias", "kind", "variant", "device", "quant", "size", "source", "state"]
     if console.width < 100:
         columns.remove("source")
     if console.width < 80:
@@ -97,6 +98,7 @@ def _list(args: argparse.Namespace) -> int:
     for r in rows:
         cells = {
             "alias": r["alias"],
+            "kind": r["kind"],
             "variant": r["variant"],
             "device": r["device"] if r["runnable"] else f"{r['device']} (not here)",
             "quant": r["quantization"] or "-",
@@ -109,6 +111,7 @@ def _list(args: argparse.Namespace) -> int:
         urls = e["url"] if isinstance(e["url"], list) else [e["url"]]
         cells = {
             "alias": e["alias"],
+            "kind": "chat",
             "variant": e["model"],
             "device": "remote",
             "quant": "-",

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._defaults import (
@@ -17,23 +18,29 @@ from .._defaults import (
     SERVE_SLOTS,
     SERVE_TOTAL_TIMEOUT_S,
 )
+from ..engines import DEFAULT_PREFIX_CACHE_DISK, DRAFT_MODES, KV_TYPES
 from ..runtime import DEFAULT_ALIAS
+from ..runtime._memory import DEFAULT_SHARE
 from ._common import (
     Parser,
     add_isolation_options,
     add_thread_options,
     byte_size,
+    counted,
     duration,
     fail,
+    keep_alive_seconds,
     missing_model_file,
     n_ctx,
     non_negative_int,
     positive_duration,
-    positive_int,
     startup_line,
 )
+from ._served import model_settings, options_for, served_aliases
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from ..runtime import Runtime
     from ..server import ServerSettings
 
@@ -75,8 +82,43 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     """What is served: a model, or the models of upstream servers."""
     p.add_argument(
         "alias",
-        nargs="?",
-        help=f"model alias or .gguf path (default {DEFAULT_ALIAS}; none with --upstream)",
+        nargs="*",
+        help=f"model aliases or .gguf paths: the first loads at start, the others on their "
+        f"first request (default {DEFAULT_ALIAS}; none with --upstream)",
+    )
+    p.add_argument(
+        "--all-models",
+        action="store_true",
+        help="also serve every catalog model whose file is on this machine, each loaded on "
+        "its first request (default: only the aliases named)",
+    )
+    p.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="ALIAS",
+        help="keep ALIAS loaded: never unloaded to make room for another model nor for "
+        "being idle, and a request's keep_alive 0 for it is refused (repeatable; default: none)",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        type=model_settings,
+        metavar="SPEC",
+        help="one model's own settings, SPEC being ALIAS:KEY=VALUE[,KEY=VALUE...] with keys "
+        "slots, n_ctx, keep_alive (seconds; 0 = never unload), e.g. --model "
+        "qwen3:slots=2,n_ctx=8192 (repeatable; default: the flags above, for every model)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=byte_size,
+        metavar="SIZE",
+        help="memory every loaded model may take together, in bytes or with a unit (8GiB, "
+        "1500MB) (weights, KV cache, prefix cache, worker; tokenbelt ps shows each model's): "
+        "a load that would pass it unloads idle models, least recently "
+        f"used first; one that cannot fit is refused (default {DEFAULT_SHARE:.0%}% of the "
+        "memory available at start; 0 = no budget)",
     )
     p.add_argument(
         "--upstream",
@@ -94,7 +136,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--upstream-concurrency",
-        type=positive_int,
+        type=counted("upstream_concurrency"),
         default=4,
         help="requests each upstream may hold at once (default 4)",
     )
@@ -113,18 +155,21 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.add_argument(
         "--capacity",
-        type=positive_int,
+        type=counted("capacity"),
         default=DEFAULT_CAPACITY,
         help="belt capacity: tokens generation may run ahead of each reader",
     )
     p.add_argument(
         "--slots",
-        type=positive_int,
+        type=counted("slots"),
         default=SERVE_SLOTS,
         help=f"requests decoded together, batched in one context (default {SERVE_SLOTS})",
     )
     p.add_argument(
-        "--queue-size", type=positive_int, default=DEFAULT_QUEUE_SIZE, help="admission queue length"
+        "--queue-size",
+        type=counted("queue_size"),
+        default=DEFAULT_QUEUE_SIZE,
+        help="admission queue length",
     )
     p.add_argument(
         "--first-token-timeout", type=positive_duration, help="seconds (default: no limit)"
@@ -139,6 +184,20 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         "overrides it; 0 = no limit)",
     )
     p.add_argument("--stall-timeout", type=positive_duration, help="seconds (default: no limit)")
+    p.add_argument(
+        "--reasoning-budget",
+        type=non_negative_int,
+        metavar="TOKENS",
+        help="a thinking model's reasoning: at most this many tokens, then its end marker is "
+        "forced and the answer starts (default: no budget; a request's own field overrides it)",
+    )
+    p.add_argument(
+        "--reasoning-timeout",
+        type=positive_duration,
+        metavar="S",
+        help="seconds a thinking model may reason before its answer is started "
+        "(default: no limit; a request's tokenbelt.reasoning_timeout overrides it)",
+    )
     p.add_argument("--load-timeout", type=positive_duration, help="seconds (default: no limit)")
     p.add_argument(
         "--shutdown-grace",
@@ -150,10 +209,10 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--keep-alive",
-        type=duration,
+        type=keep_alive_seconds,
         default=300.0,
         help="seconds idle before unloading, counted from the load and from the end of "
-        "the last request (0 = never)",
+        "the last request (0 = never; at most 31536000, a year)",
     )
     p.add_argument(
         "--n-ctx",
@@ -167,6 +226,60 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow an --n-ctx past the model's trained context (replies degrade there)",
     )
+    p.add_argument(
+        "--kv-type",
+        choices=KV_TYPES,
+        default="f16",
+        metavar="TYPE",
+        help="the KV cache's element type: f16 or q8_0 (about half the cache's memory; "
+        "turns on llama.cpp's flash attention) (default f16)",
+    )
+    p.add_argument(
+        "--draft",
+        choices=DRAFT_MODES,
+        default="off",
+        metavar="MODE",
+        help="prompt-lookup drafting for requests that do not choose (tokenbelt.draft): "
+        "lookup verifies tokens taken from the request's own earlier text in one step, "
+        "which speeds up replies that copy it (edits, quotes, code) and turns itself off "
+        "per request where it does not pay; the text is the same either way (default off)",
+    )
+    p.add_argument(
+        "--prefix-cache-dir",
+        type=_cache_dir,
+        metavar="DIR",
+        help="keep each model's prefix cache here when it unloads (idle, evicted, "
+        "stopped) and read it back when it loads again, so the next turn of a long "
+        "conversation reuses its prompt instead of computing it again, which costs more "
+        "than the read (default: prefix-cache under tokenbelt's cache folder; on, since "
+        "the files are only a cache: removing them costs a prefill, not an answer)",
+    )
+    p.add_argument(
+        "--prefix-cache-disk",
+        type=byte_size,
+        default=DEFAULT_PREFIX_CACHE_DISK,
+        metavar="SIZE",
+        help="the most bytes (1GiB, 500MB...) the prefix-cache folder holds, all models "
+        "together; least recently used models go first (default 1073741824 bytes, 1GiB; "
+        "0 = off, nothing is written)",
+    )
+
+
+def _cache_dir(text: str) -> Path:
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {text!r}")
+    return path
+
+
+def _prefix_cache_dir(args: argparse.Namespace) -> Path | None:
+    if not args.prefix_cache_disk:
+        return None
+    if args.prefix_cache_dir is not None:
+        return Path(args.prefix_cache_dir)
+    from ..models import Home
+
+    return Home.from_env().cache_dir / "prefix-cache"
 
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
@@ -291,7 +404,7 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
-def _check_context(alias: str | None, args: argparse.Namespace) -> None:
+def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int) -> None:
     """Fail fast on an alias the catalog does not know (or an ``--n-ctx`` past what it
     was trained on), before binding anything; downloading and loading then happen in
     the background."""
@@ -304,9 +417,9 @@ def _check_context(alias: str | None, args: argparse.Namespace) -> None:
         if find_remote(alias, home) is None:
             choice = choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
             trained = choice.entry.context_length
-            if trained and args.n_ctx > trained and not args.force_n_ctx:
+            if trained and n_ctx > trained and not args.force_n_ctx:
                 fail(
-                    f"--n-ctx {args.n_ctx} is more than {alias} was trained on ({trained} "
+                    f"n_ctx {n_ctx} is more than {alias} was trained on ({trained} "
                     "tokens): give a smaller --n-ctx, or add --force-n-ctx",
                     2,
                 )
@@ -336,13 +449,17 @@ def _settings(args: argparse.Namespace, keys: list[str]) -> ServerSettings:
         responses_store_bytes=args.responses_store,
         responses_ttl_s=args.responses_ttl,
         responses_skip_tools=tuple(args.responses_skip_tool),
+        reasoning_budget=args.reasoning_budget,
+        reasoning_timeout=args.reasoning_timeout,
     )
 
 
 def _runtime(args: argparse.Namespace) -> Runtime:
     """The runtime, the one owner of each request's capacity, slots, queue and deadlines."""
     from ..belt import Limits
-    from ..runtime import Runtime
+    from ..runtime import Runtime, default_budget
+
+    budget = args.memory_budget
 
     limits = Limits(
         first_token=args.first_token_timeout,
@@ -357,12 +474,39 @@ def _runtime(args: argparse.Namespace) -> Runtime:
         keep_alive=args.keep_alive or None,
         n_ctx=args.n_ctx,
         force_n_ctx=args.force_n_ctx,
+        kv_type=args.kv_type,
+        draft=args.draft,
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
         prefill_chunk=args.prefill_chunk,
         isolation=args.isolation,
         stop_grace=args.stop_grace,
+        memory_budget=default_budget() if budget is None else budget or None,
+        prefix_cache_dir=_prefix_cache_dir(args),
+        prefix_cache_disk=args.prefix_cache_disk,
     )
+
+
+def _bind(config: uvicorn.Config, host: str, port: int) -> socket.socket:
+    """Bind the listening socket here (so ``--port 0`` can log the real port). A bind
+    that fails is one line of tokenbelt's, with the system's reason: uvicorn's own log
+    line about it is held back."""
+    held: list[str] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record.getMessage())
+        return False
+
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(hold)
+    try:
+        sock: socket.socket = config.bind_socket()
+        return sock
+    except SystemExit:
+        why = f": {held[-1]}" if held else " (is the port in use?)"
+        fail(f"cannot listen on {host}:{port}{why}")
+    finally:
+        uvicorn_log.removeFilter(hold)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -371,12 +515,14 @@ def main(args: argparse.Namespace) -> int:
     from ..server import GracefulServer, create_app, http_protocol
 
     keys = _api_keys(args)
-    alias = args.alias if args.alias or args.upstream else DEFAULT_ALIAS
-    missing = missing_model_file(alias) if alias else None
-    if missing is not None:
-        fail(f"file not found: {missing}")
+    aliases = served_aliases(args, DEFAULT_ALIAS)
+    for served in aliases:
+        missing = missing_model_file(served)
+        if missing is not None:
+            fail(f"file not found: {missing}")
+        _check_context(served, args, options_for(served, args).get("n_ctx", args.n_ctx))
+    alias = aliases[0] if aliases else None
     upstream_key = _upstream_key(args)
-    _check_context(alias, args)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -397,9 +543,10 @@ def main(args: argparse.Namespace) -> int:
             health_interval=args.upstream_health_interval or None,
         )
         logger.info("from upstreams: %s", ", ".join(m.name for m in models))
-    app = create_app(
-        runtime, settings, load=alias, load_options={"load_timeout": args.load_timeout}
-    )
+    for later in aliases[1:]:  # registered now (an unknown alias fails now), loaded on demand
+        runtime.load(later, lazy=True, load_timeout=args.load_timeout, **options_for(later, args))
+    first = {"load_timeout": args.load_timeout, **(options_for(alias, args) if alias else {})}
+    app = create_app(runtime, settings, load=alias, load_options=first)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -409,10 +556,7 @@ def main(args: argparse.Namespace) -> int:
         http=http_protocol(settings.read_timeout),
     )
     server = GracefulServer(config, app.state.tokenbelt, grace=args.shutdown_grace)
-    try:
-        sock = config.bind_socket()  # bound here so --port 0 can log the real port
-    except SystemExit:
-        fail(f"cannot listen on {args.host}:{args.port} (is the port in use?)")
+    sock = _bind(config, args.host, args.port)
     # Accepted connections inherit this. Left to autotuning, the kernel grows a send
     # buffer to megabytes, and a client that stops reading would let generation run
     # thousands of tokens ahead; fixed, it pauses after a few hundred.

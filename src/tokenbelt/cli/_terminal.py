@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rich.cells import cell_len
+
 COMMANDS = {
     "/help": "this list",
     "/clear": "forget the conversation (the system prompt stays)",
@@ -140,3 +142,62 @@ def clear_draft() -> None:
         import readline
 
         readline.set_startup_hook(None)
+
+
+class WordWrap:
+    """Streamed text broken at word boundaries for a terminal ``width`` cells wide.
+
+    A word is held until it is whole (the next space or line end), then goes on this
+    line or, when it would cross the edge, on the next; a word wider than the terminal
+    is broken where the edge falls. ``feed`` returns what to write now, ``finish`` the
+    rest. Widths are terminal cells (``rich.cells.cell_len``: wide characters count 2).
+    """
+
+    def __init__(self, width: int) -> None:
+        self.width = max(1, width)
+        self.column = 0
+        self._word = ""
+
+    def _flush(self) -> str:
+        word, self._word = self._word, ""
+        if not word:
+            return ""
+        size = cell_len(word)
+        out = ""
+        if self.column and self.column + size > self.width:
+            out, self.column = "\n", 0
+        while size > self.width:  # longer than a line: break it at the edge
+            head = ""
+            for ch in word:
+                if cell_len(head + ch) > self.width:
+                    break
+                head += ch
+            out += head + "\n"
+            word = word[len(head) :]
+            size = cell_len(word)
+        self.column += size
+        return out + word
+
+    def feed(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if ch == "\n":
+                out.append(self._flush() + "\n")
+                self.column = 0
+            elif ch.isspace():
+                out.append(self._flush())
+                if self.column >= self.width:  # the edge: the space becomes the line end
+                    out.append("\n")
+                    self.column = 0
+                else:
+                    out.append(ch)
+                    self.column += 1
+            else:
+                self._word += ch
+        return "".join(out)
+
+    def finish(self) -> str:
+        """The word still held (the reply ended, or was stopped); the next line starts at 0."""
+        out = self._flush()
+        self.column = 0
+        return out

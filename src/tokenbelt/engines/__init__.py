@@ -10,7 +10,9 @@
 """
 
 from ._base import Engine, LoopEngine, OnExit, OnThreads, run_to_end
+from ._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
 from ._request import (
+    DRAFT_MODES,
     MAX_STOP,
     MAX_TOP_LOGPROBS,
     ROLES,
@@ -22,6 +24,7 @@ from ._request import (
     Piece,
     SamplingParams,
     TokenLogprob,
+    check_draft,
     check_text,
     refuse,
     refuse_grammar,
@@ -38,6 +41,8 @@ from ._statistics import (
 from .llama import (
     CALL_ARGUMENTS,
     CALL_PREFIX,
+    DEFAULT_PREFIX_CACHE_DISK,
+    KV_TYPES,
     TOOL_FORMATS,
     BatchEngine,
     GrammarCacheInfo,
@@ -45,6 +50,7 @@ from .llama import (
     LlamaEngine,
     call_arguments,
     chat_formatter,
+    check_disk_budget,
     check_enforceable,
     check_gguf_file,
     check_grammar,
@@ -65,21 +71,30 @@ from .llama import (
     usable_cores,
 )
 from .remote import RemoteEngine, Upstream, UpstreamModel, UpstreamPool, list_models, request_body
-from .worker import ABORT_ENV, DEFAULT_STOP_GRACE, WorkerEngine
+from .worker import ABORT_ENV, DEFAULT_STOP_GRACE, HEARTBEAT_BOUND_S, WorkerEngine
 
 __all__ = [
     "ABORT_ENV",
     "CALL_ARGUMENTS",
     "CALL_PREFIX",
+    "DEFAULT_PREFIX_CACHE_DISK",
     "DEFAULT_STOP_GRACE",
+    "DRAFT_MODES",
+    "HEARTBEAT_BOUND_S",
+    "KV_TYPES",
     "MAX_STOP",
     "MAX_TOP_LOGPROBS",
+    "POOLINGS",
     "ROLES",
     "SAMPLING_KEYS",
     "SAMPLING_RANGES",
     "TOOL_FORMATS",
     "BatchEngine",
     "BatchStatistics",
+    "Embedded",
+    "EmbeddingInfo",
+    "EmbeddingRequest",
+    "Embeds",
     "Engine",
     "EngineStatistics",
     "GenerationRequest",
@@ -105,6 +120,8 @@ __all__ = [
     "WorkerStatistics",
     "call_arguments",
     "chat_formatter",
+    "check_disk_budget",
+    "check_draft",
     "check_enforceable",
     "check_gguf_file",
     "check_grammar",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .._errors import Cancelled, IllegalState
 from ..belt import EndReason, Producer, producing
@@ -49,6 +49,9 @@ class LoopEngine(Protocol):
     template_tools: bool
     #: the tool-call family its chat template is written for (``TOOL_FORMATS``)
     tool_format: str
+    #: a thinking model's reasoning markers (the llama engines' ``ReasoningFormat``),
+    #: None for a model whose replies have no reasoning phase
+    reasoning: Any
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenise the request's prompt; raises ``PromptTooLong`` if it cannot fit.
@@ -104,6 +107,8 @@ class OnThreads:
 
     name: str
     slots = 1
+    #: a thread engine's replies have no reasoning phase unless it says so
+    reasoning: Any = None
 
     def __init__(self) -> None:
         self._threads_lock = threading.Lock()

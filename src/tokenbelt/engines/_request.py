@@ -16,6 +16,7 @@ from typing import Any, NotRequired, TypedDict
 
 from .._defaults import DEFAULT_MAX_TOKENS
 from .._errors import InvalidArgument
+from ..belt import RANGES, check
 
 
 class Message(TypedDict):
@@ -34,7 +35,7 @@ class Message(TypedDict):
 #: the roles a chat message may have (the HTTP surface maps ``developer`` to ``system``)
 ROLES = ("system", "user", "assistant", "tool")
 #: most alternatives ``top_logprobs`` may ask for, as in the OpenAI API
-MAX_TOP_LOGPROBS = 20
+MAX_TOP_LOGPROBS = int(RANGES["top_logprobs"].high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,23 +55,43 @@ class TokenLogprob:
 
 
 class Piece(str):
-    """A text piece that carries the log-probabilities of the tokens it came from.
+    """A text piece that carries what a plain string cannot: the log-probabilities of the
+    tokens it came from, and the reasoning text of a thinking model.
 
     An engine puts these on the belt instead of plain strings only when a request asked
-    for ``logprobs``: it is still a ``str`` everywhere text is read, and the plain path
-    pays nothing. ``text`` may be empty (a token held back for a stop string or an
-    unfinished character) while ``logprobs`` is not. Picklable.
+    for ``logprobs``, ``return_token_ids`` or the model thinks: it is still a ``str``
+    everywhere text is read (the answer's text), and the plain path pays nothing.
+    ``reasoning`` is the text of the reasoning phase this piece carries (before its answer
+    text, when a piece holds the end of one and the start of the other); ``part`` says
+    which part a piece belongs to. Either text may be empty (a token held back for a stop
+    string, a marker or an unfinished character) while ``logprobs`` is not. Picklable.
     """
 
     logprobs: tuple[TokenLogprob, ...]
+    reasoning: str
+    #: the ids of the tokens it came from, when the request asked for ``return_token_ids``
+    token_ids: tuple[int, ...]
 
-    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Piece:
+    def __new__(
+        cls,
+        text: str,
+        logprobs: tuple[TokenLogprob, ...] = (),
+        reasoning: str = "",
+        token_ids: tuple[int, ...] = (),
+    ) -> Piece:
         piece = super().__new__(cls, text)
         piece.logprobs = logprobs
+        piece.reasoning = reasoning
+        piece.token_ids = token_ids
         return piece
 
+    @property
+    def part(self) -> str:
+        """``reasoning`` for a piece of the reasoning phase only, else ``answer``."""
+        return "reasoning" if self.reasoning and not str(self) else "answer"
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Piece, (str(self), self.logprobs))
+        return (Piece, (str(self), self.logprobs, self.reasoning, self.token_ids))
 
 
 def _number(name: str, value: object, param: str | None = None) -> float:
@@ -80,15 +101,16 @@ def _number(name: str, value: object, param: str | None = None) -> float:
 
 
 #: The one set of sampling ranges: the SDK, the CLI and the HTTP API all accept exactly
-#: these (name -> (lowest, highest, whether the lowest itself is allowed)).
+#: these (name -> (lowest, highest, whether the lowest itself is allowed)); the counts
+#: among them are the range table's (``tokenbelt.belt.RANGES``).
 SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
-    "max_tokens": (1, 1_000_000, True),
+    "max_tokens": (RANGES["max_tokens"].low, RANGES["max_tokens"].high, True),
     "temperature": (0.0, 2.0, True),
     "top_p": (0.0, 1.0, False),
-    "top_k": (0, 100_000, True),
+    "top_k": (RANGES["top_k"].low, RANGES["top_k"].high, True),
     "min_p": (0.0, 1.0, True),
     "repeat_penalty": (0.0, 10.0, False),
-    "seed": (0, 2**32 - 1, True),
+    "seed": (RANGES["seed"].low, RANGES["seed"].high, True),
 }
 #: the most stop sequences one request may give
 MAX_STOP = 16
@@ -144,19 +166,29 @@ class SamplingParams:
     logprobs: bool = False
     #: with ``logprobs``, also the this many likeliest tokens of each step (0 to 20)
     top_logprobs: int = 0
+    #: end-of-generation tokens are banned: the reply runs to ``max_tokens`` (or a stop string)
+    ignore_eos: bool = False
+    #: end-of-generation tokens are banned until this many tokens were generated
+    min_tokens: int = 0
+    #: each piece carries the ids of the tokens it came from (``Piece.token_ids``)
+    return_token_ids: bool = False
+    #: a thinking model's reasoning phase: at most this many tokens, then its end marker
+    #: is forced and the answer starts (None: no budget; 0: the answer starts at once)
+    reasoning_budget: int | None = None
+    #: seconds the reasoning phase may last from its start; then, as for the budget, the
+    #: end marker is forced and the answer starts (the request itself goes on)
+    reasoning_timeout: float | None = None
+    #: True/False: a thinking model thinks or answers at once (None: the model's way);
+    #: an effort level (``REASONING_EFFORTS``) for a template that reads one
+    think: bool | str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgument(f"{name} must be an integer, got {value!r}")
-            _in_range(name, value)
+        for name in ("max_tokens", "top_k", "min_tokens", "top_logprobs"):
+            check(name, getattr(self, name))
         for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
             _in_range(name, _number(name, getattr(self, name)))
         if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-                raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
-            _in_range("seed", self.seed)
+            check("seed", self.seed)
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -177,14 +209,38 @@ class SamplingParams:
             raise InvalidArgument(
                 f"logprobs must be true or false, got {self.logprobs!r}", param="logprobs"
             )
-        top = self.top_logprobs
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise InvalidArgument(
-                f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}",
-                param="top_logprobs",
-            )
-        if top and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:
             raise InvalidArgument("top_logprobs needs logprobs to be true", param="top_logprobs")
+        for name in ("ignore_eos", "return_token_ids"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(
+                    f"{name} must be true or false, got {getattr(self, name)!r}", param=name
+                )
+        least = self.min_tokens
+        if least > self.max_tokens:
+            raise InvalidArgument(
+                f"min_tokens ({least}) must not be more than max_tokens ({self.max_tokens})",
+                param="min_tokens",
+            )
+        _check_reasoning(self)
+
+
+#: the effort levels ``think`` may name (gpt-oss's, as Ollama and OpenAI name them)
+REASONING_EFFORTS = ("low", "medium", "high")
+#: the largest reasoning budget, in tokens
+MAX_REASONING_BUDGET = int(RANGES["reasoning_budget"].high)
+
+
+def _check_reasoning(s: SamplingParams) -> None:
+    if s.reasoning_budget is not None:
+        check("reasoning_budget", s.reasoning_budget)
+    if s.reasoning_timeout is not None:
+        check("timeout", s.reasoning_timeout, label="reasoning_timeout")
+    if s.think is not None and not isinstance(s.think, bool) and s.think not in REASONING_EFFORTS:
+        raise InvalidArgument(
+            f"think must be true, false or one of {', '.join(REASONING_EFFORTS)}, got {s.think!r}",
+            param="think",
+        )
 
 
 def refuse(s: SamplingParams, engine: str, *names: str) -> None:
@@ -264,6 +320,20 @@ def sampling_from(params: dict[str, Any], defaults: SamplingParams | None = None
     return SamplingParams(**merged)
 
 
+#: the drafting an engine may do (``off``: none; ``lookup``: n-grams of the sequence itself)
+DRAFT_MODES = ("lookup", "off")
+
+
+def check_draft(value: object, *, allow_none: bool = False) -> None:
+    """Refuse a drafting mode that is not one of ``DRAFT_MODES`` (``InvalidArgument``)."""
+    if value is None and allow_none:
+        return
+    if value not in DRAFT_MODES:
+        raise InvalidArgument(
+            f"draft must be one of {', '.join(DRAFT_MODES)}, got {value!r}", param="draft"
+        )
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to generate: chat ``messages`` or a raw ``prompt`` (exactly one of them).
@@ -275,6 +345,10 @@ class GenerationRequest:
     ``tools`` (JSON text of a list of OpenAI-shaped tools; text so that a request stays
     cheap to pickle) goes to a chat template that renders tools (``template_tools`` on
     the engine); other engines ignore it, the tools being described in the messages.
+    ``reuse_prefix=False`` (llama.cpp's ``cache_prompt: false``) computes the whole
+    prompt even when a cached or running sequence shares a prefix with it.
+    ``draft`` (``DRAFT_MODES``; None: the engine's own setting) asks for prompt-lookup
+    drafting (``lookup``) or none (``off``); it changes the speed, never the text.
     """
 
     messages: tuple[Message, ...] | None = None
@@ -283,8 +357,11 @@ class GenerationRequest:
     conversation_id: str | None = None
     grammar: Grammar | None = None
     tools: str | None = None
+    reuse_prefix: bool = True
+    draft: str | None = None
 
     def __post_init__(self) -> None:
+        check_draft(self.draft, allow_none=True)
         if (self.messages is None) == (self.prompt is None):
             raise InvalidArgument("give either messages or a prompt")
         if self.tools is not None and self.messages is None:

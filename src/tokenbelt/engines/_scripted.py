@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from .._errors import DecodeError, InvalidArgument, PromptTooLong
 from ..belt import EndReason, Producer, check_duration
 from ._base import OnThreads
-from ._request import GenerationRequest, refuse_grammar
+from ._request import GenerationRequest, refuse, refuse_grammar
 
 
 class ScriptedEngine(OnThreads):
@@ -32,6 +32,7 @@ class ScriptedEngine(OnThreads):
     #: no chat template: tools are described in the messages
     template_tools = False
     tool_format = "tokenbelt"
+    reasoning = None
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class ScriptedEngine(OnThreads):
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         refuse_grammar(request, "the scripted engine")
+        refuse(request.sampling, "scripted", "ignore_eos", "min_tokens", "return_token_ids")
         if request.prompt is not None:
             text = request.prompt
         else:

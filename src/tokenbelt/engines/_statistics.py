@@ -42,6 +42,17 @@ class BatchStatistics(EngineStatistics):
     cache_entries: int
     #: llama.cpp threads of the latest step
     threads: int
+    #: steps the stop watch aborted: still running ``stop_abort_after`` after a stop
+    stop_aborted_steps: int = 0
+    #: prefix-cache entries (and their tokens) read back from disk at load
+    restored_entries: int = 0
+    restored_tokens: int = 0
+    #: prefix-cache entries (and their bytes on disk) written at close
+    saved_entries: int = 0
+    saved_bytes: int = 0
+    #: prompt-lookup draft tokens verified in steps, and those the samplers accepted
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def sequences_per_step(self) -> float:
@@ -82,6 +93,12 @@ class WorkerStatistics:
     rss_bytes: int | None
     #: why the engine failed (workers kept dying while loading), or None
     failure: str | None = None
+    #: times one of the parent's threads for it (sender, supervisor) failed and was
+    #: started again (each is logged)
+    thread_failures: int = 0
+    #: seconds the running worker has answered no heartbeat, once past the bound (a
+    #: frozen or stuck worker: not ready); None while it answers
+    unresponsive_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from ._catalog import DEVICES, NAME_PATTERN, Catalog, ModelEntry, Variant
 from ._device import DeviceInfo, detect_device
 from ._download import DownloadResult, DownloadTimeouts, download
 from ._embedded import default_model_path, distribution_file
+from ._gguf import GGUFHeader, read_header
 from ._home import Home
-from ._hub import HF_SCHEME, pull_from_hub
+from ._hub import HF_SCHEME, hub_uri, is_hub_name, pull_from_hub
 from ._probe import ProbeReport, run_probe
 from ._registry import GGUFInfo, add_model, forget_model, read_gguf_info
 from ._remote import RemoteEntry, add_remote, find_remote, remote_entries
@@ -28,6 +29,7 @@ __all__ = [
     "DistributionSource",
     "DownloadResult",
     "DownloadTimeouts",
+    "GGUFHeader",
     "GGUFInfo",
     "Home",
     "HuggingFaceSource",
@@ -49,8 +51,11 @@ __all__ = [
     "download",
     "find_remote",
     "forget_model",
+    "hub_uri",
+    "is_hub_name",
     "pull_from_hub",
     "read_gguf_info",
+    "read_header",
     "remote_entries",
     "resolve_and_fetch",
     "run_probe",

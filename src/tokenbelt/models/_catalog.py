@@ -33,6 +33,10 @@ logger = logging.getLogger("tokenbelt.models")
 
 #: devices a variant may be built for, in the order tokenbelt prefers them
 DEVICES = ("cuda", "metal", "vulkan", "cpu")
+#: what a model is for: chat (generation), embedding (vectors) or rerank (scores)
+KINDS = ("chat", "embedding", "rerank")
+#: llama.cpp's pooling types a catalog entry may name to override its GGUF's
+POOLINGS = ("mean", "cls", "last", "rank")
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 _NAME_RULE = "a name of letters, digits and ._:- (at most 100)"
@@ -73,6 +77,12 @@ class ModelEntry:
     architecture: str | None = None
     #: the catalog file this entry came from
     origin: Path | None = None
+    #: what the model is for (``KINDS``)
+    kind: str = "chat"
+    #: the pooling its embeddings use, overriding the GGUF's ``pooling_type`` (or None)
+    pooling: str | None = None
+    #: the sizes its vectors may be cut to (Matryoshka training); empty: none
+    matryoshka: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -83,6 +93,12 @@ class ModelEntry:
         }
         if self.architecture:
             out["architecture"] = self.architecture
+        if self.kind != "chat":
+            out["kind"] = self.kind
+        if self.pooling:
+            out["pooling"] = self.pooling
+        if self.matryoshka:
+            out["matryoshka"] = list(self.matryoshka)
         out["variants"] = [v.to_json() for v in self.variants]
         return out
 
@@ -128,7 +144,26 @@ def parse_entry(data: object, file: Path | str, where: str, base: Path | None) -
         variants=variants,
         architecture=f.text("architecture", required=False),
         origin=file if isinstance(file, Path) else None,
+        kind=f.text("kind", required=False) or "chat",
+        pooling=f.text("pooling", required=False),
+        matryoshka=_matryoshka(f),
     )
+
+
+def _matryoshka(f: Fields) -> tuple[int, ...]:
+    """``kind``, ``pooling`` and ``matryoshka`` of an entry, checked."""
+    kind = f.data.get("kind", "chat")
+    if kind not in KINDS:
+        f.fail(f"expected one of {', '.join(KINDS)}, got {kind!r}", "kind")
+    pooling = f.data.get("pooling")
+    if pooling is not None and pooling not in POOLINGS:
+        f.fail(f"expected one of {', '.join(POOLINGS)}, got {pooling!r}", "pooling")
+    sizes = f.data.get("matryoshka", [])
+    if not isinstance(sizes, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes
+    ):
+        f.fail("expected a list of positive integers", "matryoshka")
+    return tuple(sizes)
 
 
 def read_catalog_file(path: Path) -> list[ModelEntry]:
@@ -219,7 +254,13 @@ class Catalog:
         if name in self._variants:
             return self._variants[name]
         names = list(self._entries) + list(self._variants)
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        # A variant id found close is suggested by its alias: every client takes an alias
+        # (an Ollama name, a server's model), not every one a variant id.
+        close = []
+        for found in difflib.get_close_matches(name, names, n=3, cutoff=0.5):
+            alias = self._variants[found][0].alias if found in self._variants else found
+            if alias not in close:
+                close.append(alias)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         known = ", ".join(sorted(self._entries)) or "none"
         raise UnknownModel(f"unknown model {name!r}{hint} (known aliases: {known})")

@@ -63,6 +63,72 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
     return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
 
 
+#: how Ollama names a Hub repository: ``hf.co/ORG/REPO[:QUANT]``
+OLLAMA_HUB_PREFIXES = ("hf.co/", "huggingface.co/")
+#: the quantization Ollama pulls from a Hub repository when the name gives none
+OLLAMA_DEFAULT_QUANT = "Q4_K_M"
+
+
+def is_hub_name(name: str) -> bool:
+    """True for ``hf://ORG/REPO/FILE.gguf`` and Ollama's ``hf.co/ORG/REPO[:QUANT]``."""
+    return name.startswith(HF_SCHEME) or name.lower().startswith(OLLAMA_HUB_PREFIXES)
+
+
+def hub_uri(name: str, revision: str = "main") -> str:
+    """The ``hf://`` URI a Hub name stands for. Ollama's ``hf.co/ORG/REPO[:QUANT]``
+    names the repository's GGUF file of that quantization (default ``Q4_K_M`` when the
+    repository has it, else its only one), found by listing the repository (blocking).
+    Raises ``InvalidArgument`` (not such a name) and ``DownloadError`` (no such file)."""
+    if name.startswith(HF_SCHEME):
+        parse_hf_uri(name)
+        return name
+    lowered = name.lower()
+    prefix = next((p for p in OLLAMA_HUB_PREFIXES if lowered.startswith(p)), None)
+    if prefix is None:
+        raise InvalidArgument(
+            f"expected hf://ORG/REPO/FILE.gguf or hf.co/ORG/REPO:QUANT, got {name!r}"
+        )
+    repo, _, quant = name[len(prefix) :].partition(":")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise InvalidArgument(f"expected hf.co/ORG/REPO or hf.co/ORG/REPO:QUANT, got {name!r}")
+    files = [f for f in _repo_files(repo, revision) if f.endswith(".gguf") and "mmproj" not in f]
+    by_quant: dict[str, list[str]] = {}
+    for f in sorted(files):
+        by_quant.setdefault(quantization_from_name(f) or "", []).append(f)
+    if quant:
+        chosen = by_quant.get(quant.upper())
+    elif OLLAMA_DEFAULT_QUANT in by_quant:
+        chosen = by_quant[OLLAMA_DEFAULT_QUANT]
+    else:
+        chosen = sorted(files)[:1] if len(by_quant) == 1 else None
+    if not chosen:
+        have = ", ".join(sorted(q for q in by_quant if q)) or "none"
+        missing = (
+            f"has no {quant.upper()} GGUF file"
+            if quant
+            else f"has no {OLLAMA_DEFAULT_QUANT} GGUF file and more than one other: name one"
+        )
+        raise DownloadError(f"{HF_SCHEME}{repo} {missing} (quantizations there: {have})")
+    return f"{HF_SCHEME}{repo}/{chosen[0]}"
+
+
+def _repo_files(repo: str, revision: str) -> list[str]:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        return list(HfApi(endpoint=endpoint()).list_repo_files(repo, revision=revision))
+    except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+        raise DownloadError(
+            f"{HF_SCHEME}{repo}@{revision} was not found on the Hub ({type(exc).__name__})"
+        ) from exc
+    except Exception as exc:  # the library's network errors, translated here
+        raise DownloadError(
+            f"cannot list the files of {HF_SCHEME}{repo} on {endpoint()}: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+
+
 def default_alias(file: str) -> str:
     """An alias from the file name: ``SmolLM2-135M-Q8_0.gguf`` gives ``smollm2-135m-q8_0``."""
     stem = Path(file).name.removesuffix(".gguf").lower()

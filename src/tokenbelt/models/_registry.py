@@ -1,9 +1,9 @@
 """The user catalog: registering a local GGUF file (``tokenbelt models add``) and forgetting it.
 
-The GGUF header is read with the ``gguf`` package (architecture, context length, name,
-licence, file type); the file is hashed once so later loads can be verified. Writes
-hold a file lock and replace the catalog atomically, so two ``add`` calls never lose
-each other's entry and a crash never leaves half a file.
+The GGUF header is read without its arrays (``_gguf``: architecture, context length,
+name, licence, file type, parameter count); the file is hashed once so later loads can be
+verified. Writes hold a file lock and replace the catalog atomically, so two ``add``
+calls never lose each other's entry and a crash never leaves half a file.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import filelock
 
 from .._errors import InvalidArgument, ModelError
 from ._catalog import DEVICES, NAME_PATTERN, Catalog, ModelEntry, Variant, read_user_catalog_json
+from ._gguf import parameter_size, read_header
 from ._home import Home
 from ._integrity import sha256_file, write_stamp
 from ._sources import PathSource
@@ -34,49 +35,43 @@ class GGUFInfo:
     basename: str | None
     license: str | None
     quantization: str | None
+    #: the sum of the tensors' element counts (None: the file has no tensors)
+    parameter_count: int | None = None
+
+    @property
+    def parameter_size(self) -> str:
+        """The parameter count as Ollama writes it (``134.52M``), or ``""``."""
+        return parameter_size(self.parameter_count) if self.parameter_count else ""
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    part = field.parts[field.data[0]]
-    if len(field.types) == 1 and field.types[0].name == "STRING":
-        return bytes(part).decode("utf-8", "replace")
-    return part[0].item() if len(part) else None
+def _text(metadata: dict[str, Any], key: str) -> str | None:
+    value = metadata.get(key)
+    return value if isinstance(value, str) else None
 
 
 def read_gguf_info(path: Path) -> GGUFInfo:
     """Read the metadata of a GGUF file; ``ModelError`` if it is not one."""
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise ModelError(f"cannot read {path}: {exc.strerror}") from exc
-    if magic != b"GGUF":
-        raise ModelError(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
-    try:
-        reader = GGUFReader(str(path), "r")
-    except (ValueError, OSError, IndexError) as exc:
-        raise ModelError(f"{path} has a damaged GGUF header: {exc}") from exc
-    arch = _field(reader, "general.architecture")
-    ctx = _field(reader, f"{arch}.context_length") if arch else None
-    file_type = _field(reader, "general.file_type")
+    header = read_header(path)
+    meta = header.metadata
+    arch = _text(meta, "general.architecture")
+    ctx = meta.get(f"{arch}.context_length") if arch else None
+    file_type = meta.get("general.file_type")
     quant = None
-    if isinstance(file_type, int):
+    if isinstance(file_type, int) and not isinstance(file_type, bool):
         try:
             quant = LlamaFileType(file_type).name.removeprefix("MOSTLY_")
         except ValueError:
             quant = None
     return GGUFInfo(
         architecture=arch,
-        context_length=ctx if isinstance(ctx, int) else None,
-        name=_field(reader, "general.name"),
-        basename=_field(reader, "general.basename"),
-        license=_field(reader, "general.license"),
+        context_length=ctx if isinstance(ctx, int) and not isinstance(ctx, bool) else None,
+        name=_text(meta, "general.name"),
+        basename=_text(meta, "general.basename"),
+        license=_text(meta, "general.license"),
         quantization=quant,
+        parameter_count=header.parameter_count or None,
     )
 
 

@@ -47,6 +47,10 @@ class ResolvedModel:
     context_length: int
     #: layers to offload: 0 on cpu, -1 (all) on a GPU device
     n_gpu_layers: int
+    #: what the model is for, its pooling override and Matryoshka sizes (the catalog's)
+    kind: str = "chat"
+    pooling: str | None = None
+    matryoshka: tuple[int, ...] = ()
 
 
 def _describe(variants: tuple[Variant, ...] | list[Variant]) -> str:
@@ -150,4 +154,7 @@ def resolve_and_fetch(
         hashed=hashed,
         context_length=choice.entry.context_length,
         n_gpu_layers=0 if choice.device == "cpu" else -1,
+        kind=choice.entry.kind,
+        pooling=choice.entry.pooling,
+        matryoshka=choice.entry.matryoshka,
     )

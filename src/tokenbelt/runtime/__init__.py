@@ -3,18 +3,28 @@
 from ..engines import sampling_from
 from ..models import DEFAULT_ALIAS
 from . import _structured as structured
+from ._embed import Embeddings, EmbeddingStream, Ranked, Ranking
+from ._memory import MemoryBudget, MemoryUse, default_budget, estimate
 from ._model import Model, ModelState
 from ._runtime import Runtime, check_n_ctx
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
+from ._status import ModelStatus
 from ._stream import Reply, Stream, Usage
 from ._structured import Tool, ToolCall
 
 __all__ = [
     "DEFAULT_ALIAS",
     "ChatSession",
+    "EmbeddingStream",
+    "Embeddings",
+    "MemoryBudget",
+    "MemoryUse",
     "Model",
     "ModelState",
+    "ModelStatus",
+    "Ranked",
+    "Ranking",
     "Reply",
     "Runtime",
     "Scheduler",
@@ -24,6 +34,8 @@ __all__ = [
     "ToolCall",
     "Usage",
     "check_n_ctx",
+    "default_budget",
+    "estimate",
     "sampling_from",
     "structured",
 ]

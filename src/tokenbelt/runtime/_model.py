@@ -7,10 +7,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE
-from .._errors import IllegalState, ModelLoading, RuntimeClosed
+from .._errors import IllegalState, InvalidArgument, ModelLoading, OverBudget, RuntimeClosed
 from ..belt import (
     Belt,
     DeadlineTimer,
@@ -18,12 +18,23 @@ from ..belt import (
     Observer,
     Trace,
     check_capacity,
-    check_duration,
+    check_keep_alive,
     new_request_id,
 )
-from ..engines import Engine, GenerationRequest, Message, sampling_from
+from ..engines import EmbeddingRequest, Embeds, Engine, GenerationRequest, Message, sampling_from
+from ._embed import (
+    Embeddings,
+    EmbeddingStream,
+    Ranking,
+    TextOrTokens,
+    prepare_inputs,
+    prepare_pairs,
+    ranking,
+)
+from ._memory import MemoryUse
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
+from ._status import ModelStatus
 from ._stream import Reply, Stream
 from ._structured import Structure, render_messages, structure, tools_json
 
@@ -37,7 +48,9 @@ class ModelState(enum.Enum):
     LOADING = "loading"
     #: serving requests
     READY = "ready"
-    #: unloaded after the keep-alive with no requests; the next request reloads it
+    #: not loaded: not yet (registered to load on its first request), or unloaded after
+    #: its keep-alive or to make room for another model (``unloaded_because`` says
+    #: which); the next request loads it
     IDLE_UNLOADED = "idle_unloaded"
     #: closed for good: every request was released and the memory returned
     CLOSED = "closed"
@@ -55,6 +68,11 @@ def _load_wait(limits: Limits) -> float | None:
     """How long a request may wait for someone else's reload: its own deadlines."""
     given = [t for t in (limits.first_token, limits.total) if t is not None]
     return min(given) if given else None
+
+
+def _check_top_n(top_n: int | None) -> None:
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise InvalidArgument(f"top_n must be a positive integer, got {top_n!r}", param="top_n")
 
 
 class Model:
@@ -77,15 +95,26 @@ class Model:
         info: dict[str, Any] | None = None,
         timer: DeadlineTimer | None = None,
         reloadable: bool = True,
+        load: bool = True,
+        pinned: bool = False,
     ) -> None:
         self.name = name
         self.capacity = check_capacity(capacity)
         self.queue_size = check_capacity(queue_size, name="queue_size")
         self.limits = limits or Limits()
-        self.keep_alive = keep_alive
+        # A pinned model is kept loaded: no idle unload either.
+        self.keep_alive = None if pinned else check_keep_alive(keep_alive)
+        # The keep-alive of the next idle unload: the latest request's own (Ollama's
+        # ``keep_alive``), else ``keep_alive``. Each submit sets it, so one request's
+        # value never outlives the next request's.
+        self._idle_after: float | None = self.keep_alive
         #: False for engines given ready-made: closed, they cannot be made again
         self.reloadable = reloadable
-        self.info: dict[str, Any] = dict(info or {})
+        #: kept loaded: never evicted for another model, never unloaded for being idle
+        #: (its keep-alive is None), and a request's keep-alive of 0 is refused
+        self.pinned = pinned
+        #: the given dict itself (not a copy): a lazy load fills in what it resolves
+        self.info: dict[str, Any] = info if info is not None else {}
         self._engine_factory = engine_factory
         # Deadlines fire from one timer (the runtime's), whether or not anyone reads.
         self._own_timer = timer is None
@@ -106,8 +135,24 @@ class Model:
         self._context_length = 0
         self._template_tools = False
         self._tool_format = "tokenbelt"
+        self._thinks = False
         self.loaded_at: float | None = None
-        self._load()
+        #: when a request last started or ended here (the budget unloads the least recent)
+        self.last_used = time.monotonic()
+        #: why the model is not loaded now (None while it is)
+        self.unloaded_because: str | None = None
+        #: loads that completed, and unloads to make room for another model
+        self.loads = 0
+        self.evictions = 0
+        # Each load attempt's end, and the error of the latest failed one: callers that
+        # waited for a load that failed get its error rather than trying it again.
+        self._attempts = 0
+        self._load_error: BaseException | None = None
+        if load:
+            self._load()
+        else:
+            self._state = ModelState.IDLE_UNLOADED
+            self.unloaded_because = "not loaded yet: loads on its first request"
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -135,7 +180,10 @@ class Model:
             self._context_length = engines[0].context_length if engines else 0
             self._template_tools = bool(engines and engines[0].template_tools)
             self._tool_format = engines[0].tool_format if engines else "tokenbelt"
+            self._thinks = bool(engines and engines[0].reasoning is not None)
             self._state = ModelState.READY
+            self.unloaded_because = None
+            self.loads += 1
             self._changed.notify_all()
         self.loaded_at = time.monotonic()
         self.info["load_s"] = round(self.loaded_at - started, 3)
@@ -154,7 +202,9 @@ class Model:
         engines = self.engines
         if engines:
             return engines[0].context_length
-        return self._context_length or int(self.info.get("context_length", 0))
+        # Not loaded yet: the context it will be loaded with, else the catalog's.
+        known = self.info.get("n_ctx_per_seq") or self.info.get("context_length", 0)
+        return self._context_length or int(known)
 
     @property
     def template_tools(self) -> bool:
@@ -171,13 +221,28 @@ class Model:
         format). Kept while the model is unloaded for being idle."""
         return self._tool_format
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the model's replies have a reasoning phase (its chat template writes
+        ``<think>`` markers): they are split into reasoning and answer, and
+        ``reasoning_budget``/``reasoning_timeout`` bound it. Kept while unloaded."""
+        return self._thinks
+
     def statistics(self) -> SchedulerStatistics:
         if self._scheduler is None:
             return SchedulerStatistics(0, 0, 0, self.queue_size, 0)
         return self._scheduler.statistics()
 
+    @property
+    def idle_keep_alive(self) -> float | None:
+        """Seconds the model stays loaded once idle: the latest request's own keep-alive
+        if it gave one (``submit(keep_alive=...)``), else ``keep_alive`` (None: for ever)."""
+        return self._idle_after
+
     def _arm_idle(self) -> None:
-        if self.keep_alive is None:
+        self.last_used = time.monotonic()
+        seconds = self._idle_after
+        if seconds is None:
             return
         with self._lock:
             if self._state is not ModelState.READY:
@@ -186,29 +251,44 @@ class Model:
                 return
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
-            timer = threading.Timer(self.keep_alive, self._unload_if_idle)
+            timer = threading.Timer(seconds, lambda: self._idle_expired(timer))
             timer.daemon = True
             timer.name = f"tokenbelt-keepalive-{self.name}"
             self._idle_timer = timer
             timer.start()
 
     def set_keep_alive(self, seconds: float | None) -> None:
-        """Keep the model loaded ``seconds`` after its last request (``None``: for ever).
+        """Keep the model loaded ``seconds`` after its last request (``None``: for ever):
+        the default of every later request that gives no keep-alive of its own.
 
         Applies from now on: an idle model's timer starts again, and ``0`` unloads an
         idle model before this returns (blocking while its engines close); a busy one
         unloads when its last request is released. The next request loads it again.
         Raises ``IllegalState`` for a model that could not be loaded again.
         """
-        if seconds is not None:
-            seconds = check_duration("keep_alive", seconds)
+        self._keep_for(seconds, default=True)
+
+    def keep_loaded_for(self, seconds: float | None) -> None:
+        """Once: the model stays loaded ``seconds`` (``None``: for ever) from when it is
+        next idle (now, if it is), as a request's own keep-alive; the next request without
+        one brings back ``keep_alive``. ``0`` unloads an idle model before this returns.
+        Raises as ``set_keep_alive``."""
+        self._keep_for(seconds, default=False)
+
+    def _keep_for(self, seconds: float | None, *, default: bool) -> None:
+        seconds = check_keep_alive(seconds)
+        if self.pinned and not default:
+            self._check_pinned_keep_alive(seconds)
+            return  # a pinned model stays loaded longer than any request's keep-alive
         if seconds is not None and not self.reloadable:
             raise IllegalState(
                 f"model {self.name} cannot be unloaded: its engines were given ready-made "
                 "and could not be made again"
             )
         with self._lock:
-            self.keep_alive = seconds
+            if default:
+                self.keep_alive = seconds
+            self._idle_after = seconds
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
                 self._idle_timer = None
@@ -221,20 +301,108 @@ class Model:
         else:
             self._arm_idle()
 
-    def _unload_if_idle(self) -> None:
+    def _check_pinned_keep_alive(self, seconds: float | None) -> None:
+        if seconds == 0:
+            raise InvalidArgument(
+                f"model {self.name} is pinned (--pin): keep_alive 0 cannot unload it",
+                param="keep_alive",
+            )
+
+    def _idle_expired(self, timer: threading.Timer) -> None:
+        """The keep-alive timer's thread: unload if idle, unless the timer was replaced or
+        cancelled meanwhile (a keep-alive changed as it fired). A failure is logged and
+        the timer armed again, so the model is never left without one, silently."""
+        try:
+            self._unload_if_idle(timer=timer)
+        except Exception:
+            logger.exception("the keep-alive timer of %s failed; armed again", self.name)
+            self._arm_idle()
+
+    def _unload_if_idle(
+        self, why: str | None = None, *, timer: threading.Timer | None = None
+    ) -> bool:
+        """Unload now if nothing runs, waits or is being submitted; False if something
+        does (or the model is not loaded, or ``timer`` is no longer the keep-alive's).
+        Blocks while the engines close."""
         with self._lock:
+            if timer is not None and self._idle_timer is not timer:
+                return False
             sched = self._scheduler
             if self._state is not ModelState.READY or sched is None:
-                return
+                return False
             stats = sched.statistics()
             if stats.running or stats.queued or self._submitting:
-                return
+                return False
             self._set_state(ModelState.IDLE_UNLOADED)
             self._scheduler = None
-        logger.info("unloading %s after %s s idle", self.name, self.keep_alive)
+            if why is None:
+                seconds = self._idle_after
+                why = "keep_alive 0" if not seconds else f"idle for its keep-alive ({seconds:g} s)"
+            self.unloaded_because = why
+        logger.info("unloading %s: %s", self.name, why)
         sched.close()
         for engine in sched.engines:
             engine.close()
+        return True
+
+    @property
+    def load_error(self) -> BaseException | None:
+        """The error of the latest load if it failed (None once a load succeeds)."""
+        return self._load_error
+
+    def busy(self) -> bool:
+        """Whether a request runs, waits or is being submitted (it must not be unloaded)."""
+        with self._lock:
+            if self._submitting or self._state is ModelState.LOADING:
+                return True
+            stats = self._scheduler.statistics() if self._scheduler else None
+        return stats is not None and bool(stats.running or stats.queued)
+
+    def evict(self, why: str) -> bool:
+        """Unload an idle model to make room (``MemoryBudget``); False if it is busy or
+        pinned. The next request loads it again."""
+        if self.pinned or not self.reloadable:
+            return False
+        if not self._unload_if_idle(why):
+            return False
+        self.evictions += 1
+        return True
+
+    def status(self) -> ModelStatus:
+        """A snapshot of where the model stands (``ModelStatus``)."""
+        stats = self.statistics()
+        keep = self._idle_after
+        loaded_idle = self._state is ModelState.READY and not self.busy()
+        expires = (
+            max(0.0, self.last_used + keep - time.monotonic())
+            if loaded_idle and keep is not None
+            else None
+        )
+        return ModelStatus(
+            name=self.name,
+            state=self._state.value,
+            unloaded_because=self.unloaded_because,
+            pinned=self.pinned,
+            memory=self.memory(),
+            slots=stats.slots or int(self.info.get("slots", 0)),
+            running=stats.running,
+            queued=stats.queued,
+            keep_alive=keep,
+            expires_in_s=expires,
+            loads=self.loads,
+            evictions=self.evictions,
+        )
+
+    def memory(self) -> MemoryUse | None:
+        """What the loaded model takes (None: not loaded, or nothing is known of it):
+        the estimate its load made, with the worker's resident set once it has one."""
+        parts = self.info.get("memory_estimate")
+        engines = self.engines
+        if not isinstance(parts, dict) or not engines:
+            return None
+        rss = [s.worker.rss_bytes for s in (e.statistics() for e in engines) if s.worker]
+        measured = [r for r in rss if r is not None]
+        return MemoryUse(**parts, measured=sum(measured) if measured else None)
 
     def ensure_loaded(self, wait: float | None = None) -> None:
         """Reload the model if it was unloaded for being idle (blocking).
@@ -245,10 +413,14 @@ class Model:
         """
         deadline = None if wait is None else time.monotonic() + wait
         with self._lock:
+            attempts = self._attempts
             while self._state is ModelState.LOADING and not self._draining:
                 left = None if deadline is None else deadline - time.monotonic()
                 if (left is not None and left <= 0) or not self._changed.wait(left):
                     raise ModelLoading(f"model {self.name} is still loading")
+            if self._attempts != attempts and self._load_error is not None:
+                # The load this call waited for failed: one load per burst, one reason.
+                raise self._load_error
             if self._draining:
                 raise RuntimeClosed(f"model {self.name} is shutting down")
             if self._state is ModelState.READY:
@@ -258,13 +430,23 @@ class Model:
             self._set_state(ModelState.LOADING)
         try:
             self._load()
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 state: ModelState = self._state
                 if state is not ModelState.CLOSED:
                     self._state = ModelState.IDLE_UNLOADED
+                    self.unloaded_because = (
+                        f"refused by the memory budget: {exc}"
+                        if isinstance(exc, OverBudget)
+                        else f"its last load failed: {exc}"
+                    )
+                self._attempts += 1
+                self._load_error = exc
                 self._changed.notify_all()
             raise
+        with self._lock:
+            self._attempts += 1
+            self._load_error = None
 
     def drain(self) -> None:
         """Refuse new requests (``RuntimeClosed``) and end every queued and running one
@@ -313,35 +495,199 @@ class Model:
         request_id: str | None = None,
         on_complete: Callable[[Stream], None] | None = None,
         structure: Structure | None = None,
+        keep_alive: float | Literal["default"] | None = "default",
     ) -> Stream:
         """Queue ``request`` and return its ``Stream`` at once.
+
+        ``keep_alive`` is this request's own: the seconds the model stays loaded once
+        idle after it (``None``: for ever; ``0``: unloaded then), unless a later request
+        brings its own; ``"default"`` is the model's ``keep_alive``.
 
         Blocks only while the model is reloaded after an idle unload (by this call or
         another's; waiting at most the request's first-token or total limit, then
         ``ModelLoading``). Raises ``PromptTooLong`` (before queueing), ``QueueFull`` when the
         admission queue is full (the trace ends ``rejected``), ``RuntimeClosed``.
-        Deadlines in ``limits`` count from now (enqueue).
+        Deadlines in ``limits`` count from now (enqueue). A model whose catalog entry
+        says it is an ``embedding`` or ``rerank`` model refuses (``InvalidArgument``).
         """
+        kind = self.info.get("kind", "chat")
+        if kind != "chat":
+            what, use = (
+                ("an embedding model", "embeddings")
+                if kind == "embedding"
+                else (
+                    "a reranker",
+                    "rerank",
+                )
+            )
+            raise InvalidArgument(
+                f"model {self.name} is {what}: it does not generate text (use {use})",
+                param="model",
+            )
         lim = limits or self.limits
+        if keep_alive != "default":
+            keep_alive = check_keep_alive(keep_alive)
+            if self.pinned:
+                self._check_pinned_keep_alive(keep_alive)
+                keep_alive = "default"  # it stays loaded: no keep-alive is longer
+            if keep_alive is not None and not self.reloadable:
+                raise IllegalState(
+                    f"model {self.name} cannot be unloaded: its engines were given "
+                    "ready-made and could not be made again"
+                )
+        with self._lock:
+            self._idle_after = self.keep_alive if keep_alive == "default" else keep_alive
         sched = self._hold_loaded(_load_wait(lim))
         try:
             prompt_tokens = sched.engines[0].count_prompt_tokens(request)
-            trace = Trace(
-                request_id or new_request_id(), model=self.name, observers=self._observers
-            )
-            trace.prompt_tokens = prompt_tokens
-            belt: Belt[str] = Belt(
-                capacity if capacity is not None else self.capacity,
-                deadlines=lim.deadlines(trace.clock()),
-                trace=trace,
-                timer=self._timer,
-            )
+            belt = self._belt(prompt_tokens, lim, capacity, request_id)
             stream = Stream(belt, on_complete=on_complete, structure=structure)
             sched.submit(request, belt)
         finally:
             with self._lock:
                 self._submitting -= 1
         return stream
+
+    def _belt(
+        self, prompt_tokens: int, lim: Limits, capacity: int | None, request_id: str | None
+    ) -> Belt[Any]:
+        trace = Trace(request_id or new_request_id(), model=self.name, observers=self._observers)
+        trace.prompt_tokens = prompt_tokens
+        return Belt(
+            capacity if capacity is not None else self.capacity,
+            deadlines=lim.deadlines(trace.clock()),
+            trace=trace,
+            timer=self._timer,
+        )
+
+    # -- embeddings and rerank (``_embed.py``) -----------------------------------------------
+
+    def _submit_embedding(
+        self,
+        make: Callable[[Embeds], EmbeddingRequest],
+        kind: str,
+        limits: Limits | None,
+        request_id: str | None,
+    ) -> EmbeddingStream:
+        """Tokenize with ``make`` on the loaded engine, then queue as ``submit`` does."""
+        lim = limits or self.limits
+        sched = self._hold_loaded(_load_wait(lim))
+        try:
+            engine = sched.engines[0]
+            if not isinstance(engine, Embeds):
+                raise InvalidArgument(
+                    f"model {self.name} does not serve embeddings (its engine, {engine.name}, "
+                    "has none)",
+                    param="model",
+                )
+            request = make(engine)
+            count = engine.count_prompt_tokens(request)  # type: ignore[arg-type]
+            belt = self._belt(count, lim, None, request_id)
+            belt.trace.kind = kind
+            belt.trace.inputs = len(request.inputs)
+            stream = EmbeddingStream(belt, len(request.inputs))
+            sched.submit(request, belt)  # type: ignore[arg-type]
+        finally:
+            with self._lock:
+                self._submitting -= 1
+        return stream
+
+    def embedding_info(self) -> Any:
+        """The model's ``EmbeddingInfo`` (dimension, pooling, input limit), loading it if
+        it was unloaded for being idle; ``InvalidArgument`` for a model without."""
+        sched = self._hold_loaded(_load_wait(self.limits))
+        try:
+            engine = sched.engines[0]
+            if not isinstance(engine, Embeds):
+                raise InvalidArgument(f"model {self.name} does not serve embeddings")
+            return engine.embedding_info()
+        finally:
+            with self._lock:
+                self._submitting -= 1
+            self._arm_idle()
+
+    def embeddings(
+        self,
+        texts: Sequence[TextOrTokens] | str,
+        *,
+        truncate: bool = False,
+        normalize: bool = True,
+        limits: Limits | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingStream:
+        """Queue an embedding request and return its ``EmbeddingStream`` at once.
+
+        ``texts`` is one string or a list (of strings, or of token-id lists). Each input
+        may hold ``embedding_info().max_tokens`` tokens: longer ones are cut with
+        ``truncate``, else ``InvalidArgument`` names the input. The request takes a
+        slot and a place in the admission queue like a chat request (``QueueFull``),
+        its deadlines count from now (``first_token``: the first vectors), and a stop
+        ends it between ubatches. ``normalize``: unit-length vectors.
+        """
+        items = [texts] if isinstance(texts, str) else texts
+
+        def make(engine: Embeds) -> EmbeddingRequest:
+            return prepare_inputs(engine, items, truncate=truncate, normalize=normalize)
+
+        return self._submit_embedding(make, "embed", limits, request_id)
+
+    def embed(self, texts: Sequence[TextOrTokens] | str, **options: Any) -> Embeddings:
+        """Blocking ``embeddings(...).read()``: every vector, with usage and trace.
+
+        Raises ``Cancelled`` when the request ended before its last vector (a stop, a
+        deadline); a ``KeyboardInterrupt`` while waiting cancels it."""
+        return self.embeddings(texts, **options).read()
+
+    async def aembed(self, texts: Sequence[TextOrTokens] | str, **options: Any) -> Embeddings:
+        """Async ``embed``: the queueing runs off the event loop, a cancelled task stops
+        the request."""
+        import asyncio
+
+        stream = await asyncio.to_thread(self.embeddings, texts, **options)
+        return await stream.aread()
+
+    def reranking(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = False,
+        limits: Limits | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingStream:
+        """Queue a rerank of ``documents`` against ``query`` (one pair per document) and
+        return its stream of score rows. ``InvalidArgument`` for a model whose pooling
+        is not ``rank``: an embedding or chat model gives no relevance scores."""
+
+        def make(engine: Embeds) -> EmbeddingRequest:
+            return prepare_pairs(engine, query, documents, truncate=truncate)
+
+        return self._submit_embedding(make, "rerank", limits, request_id)
+
+    def rerank(
+        self, query: str, documents: Sequence[str], *, top_n: int | None = None, **options: Any
+    ) -> Ranking:
+        """Blocking rerank: the documents best first (``top_n`` of them), with usage and
+        trace; ``Cancelled`` when it ended early."""
+        _check_top_n(top_n)
+        stream = self.reranking(query, documents, **options)
+        done = stream.read()
+        return Ranking(
+            tuple(ranking(done, documents, top_n)), done.usage, done.trace, done.end_reason
+        )
+
+    async def arerank(
+        self, query: str, documents: Sequence[str], *, top_n: int | None = None, **options: Any
+    ) -> Ranking:
+        """Async ``rerank``; a cancelled task stops the request."""
+        import asyncio
+
+        _check_top_n(top_n)
+        stream = await asyncio.to_thread(self.reranking, query, documents, **options)
+        done = await stream.aread()
+        return Ranking(
+            tuple(ranking(done, documents, top_n)), done.usage, done.trace, done.end_reason
+        )
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """The prompt tokens ``request`` would have if it were submitted now (its trace's
@@ -362,6 +708,29 @@ class Model:
             if idle:  # _hold_loaded stopped the idle timer; no request will restart it
                 self._arm_idle()
 
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The prompt's token ids as the engine will see them (the chat template and the
+        tools included); nothing is queued. Blocks and raises as ``count_prompt_tokens``,
+        and ``InvalidArgument`` for an engine that has no vocabulary here (remote)."""
+        sched = self._hold_loaded(_load_wait(self.limits))
+        try:
+            engine = sched.engines[0]
+            tokenize = getattr(engine, "tokenize_request", None)
+            if tokenize is None:
+                raise InvalidArgument(
+                    f"return_token_ids is not supported by the {engine.name} engine",
+                    param="return_token_ids",
+                )
+            tokens: list[int] = tokenize(request)
+            return tokens
+        finally:
+            with self._lock:
+                self._submitting -= 1
+                stats = sched.statistics()
+                idle = not (stats.running or stats.queued or self._submitting)
+            if idle:
+                self._arm_idle()
+
     def _hold_loaded(self, wait: float | None = None) -> Scheduler:
         """Load the model if needed and keep it loaded until the caller's ``submit`` is done.
 
@@ -373,6 +742,7 @@ class Model:
             # Held from before the load: with keep_alive 0 the load's own idle check
             # would otherwise unload the model before this caller could submit.
             self._submitting += 1
+            self.last_used = time.monotonic()
         try:
             while True:
                 self.ensure_loaded(wait)
@@ -403,6 +773,7 @@ class Model:
         schema: Any = None,
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
+        draft: str | None = None,
         **sampling: Any,
     ) -> Stream:
         """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session.
@@ -411,7 +782,8 @@ class Model:
         model class or a JSON schema dict) constrains the reply to that schema; ``tools``
         (OpenAI-shaped functions) and ``tool_choice`` let it call one (``messages`` may
         then hold ``tool_calls`` and ``tool`` turns). The reply's ``parsed`` and
-        ``tool_calls`` hold the result.
+        ``tool_calls`` hold the result. ``draft`` (``lookup``/``off``; None: the
+        runtime's) turns prompt-lookup drafting on or off for this request.
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
@@ -427,6 +799,7 @@ class Model:
             sampling=sampling_from(sampling),
             grammar=shape.grammar if shape else None,
             tools=tools_text,
+            draft=draft,
         )
         return self.submit(request, limits=limits, capacity=capacity, structure=shape)
 

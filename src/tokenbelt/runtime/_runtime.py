@@ -10,11 +10,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE, DEFAULT_SLOTS
+from .._defaults import DEFAULT_CAPACITY, DEFAULT_DRAFT_TOKENS, DEFAULT_QUEUE_SIZE, DEFAULT_SLOTS
 from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
-from ..belt import DeadlineTimer, Limits, Observer, check_capacity, check_duration
+from ..belt import (
+    RANGES,
+    DeadlineTimer,
+    Limits,
+    Observer,
+    check,
+    check_capacity,
+    check_duration,
+    check_keep_alive,
+)
 from ..engines import (
+    DEFAULT_PREFIX_CACHE_DISK,
     DEFAULT_STOP_GRACE,
+    KV_TYPES,
     BatchEngine,
     Engine,
     RemoteEngine,
@@ -22,11 +33,14 @@ from ..engines import (
     UpstreamModel,
     UpstreamPool,
     WorkerEngine,
+    check_disk_budget,
+    check_draft,
     check_threads,
     default_threads,
     list_models,
 )
 from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, resolve_and_fetch
+from ._memory import MemoryBudget, estimate
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
@@ -35,18 +49,13 @@ logger = logging.getLogger("tokenbelt.runtime")
 ISOLATIONS = ("thread", "process")
 
 #: the smallest context a sequence may have: a chat template, a short turn and a reply
-MIN_N_CTX = 64
+MIN_N_CTX = int(RANGES["n_ctx"].low)
 
 
 def check_n_ctx(value: int) -> int:
-    """Reject an ``n_ctx`` too small to hold a prompt (the SDK's and the CLI's check)."""
-    check_capacity(value, name="n_ctx")
-    if value < MIN_N_CTX:
-        raise InvalidArgument(
-            f"n_ctx must be at least {MIN_N_CTX} tokens (a chat template and a short turn), "
-            f"got {value}"
-        )
-    return value
+    """Reject an ``n_ctx`` outside ``RANGES["n_ctx"]`` (the SDK's and the CLI's check):
+    too small to hold a prompt, or past the largest context any model runs."""
+    return check_capacity(value, name="n_ctx")
 
 
 class Runtime:
@@ -63,13 +72,28 @@ class Runtime:
     takes while other sequences decode (smaller: smoother running streams, slower
     first token for a long new prompt). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
     a chat template and a short turn) and at most what the model was trained on, unless
-    ``force_n_ctx``. ``prefix_cache=False`` computes every prompt in
+    ``force_n_ctx``. ``kv_type`` is the KV cache's element type: ``"f16"`` or
+    ``"q8_0"`` (about half the cache's memory; it turns on llama.cpp's flash
+    attention, which q8_0 values need). ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
     start, so a prompt's arithmetic depends only on its batch, not on what ran before.
+    ``prefix_cache_dir`` (None: off, nothing is written) keeps a model's prefix cache
+    across an unload: it is written there when the model unloads, within
+    ``prefix_cache_disk`` bytes for all models together (default 1 GiB), and read back
+    when the same model file loads again with the same ``kv_type``.
+    ``draft="lookup"`` turns prompt-lookup drafting on for every request that does not
+    choose (``draft=`` on a request): a step verifies tokens taken from the sequence's
+    own earlier text, which speeds up replies that copy it (an edit, a quote, code);
+    each request measures whether it pays and stops drafting when it does not. The text
+    is the same either way (``"off"``, the default, never drafts); ``draft_tokens`` is
+    the longest draft verified in one step.
     ``isolation`` says where a loaded model runs: ``"thread"`` (in this process, the
     cheapest path) or ``"process"`` (a worker process per model: a native crash ends
     that model's running requests with ``runtime_error`` instead of this process, the
     worker restarts, and a stop not honoured within ``stop_grace`` seconds kills it).
+    ``memory_budget`` (bytes; None, the default: no limit) bounds what every loaded
+    model takes together: a load that would pass it first unloads idle models, least
+    recently used first (``MemoryBudget``); one that cannot fit raises ``OverBudget``.
     ``close()`` cancels everything with ``shutdown``, waits for every release, then
     unloads.
     """
@@ -90,7 +114,13 @@ class Runtime:
         isolation: str = "thread",
         stop_grace: float = DEFAULT_STOP_GRACE,
         force_n_ctx: bool = False,
+        kv_type: str = "f16",
         observers: Sequence[Observer] = (),
+        memory_budget: int | None = None,
+        prefix_cache_dir: str | Path | None = None,
+        prefix_cache_disk: int = DEFAULT_PREFIX_CACHE_DISK,
+        draft: str = "off",
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(
@@ -100,20 +130,34 @@ class Runtime:
         self.queue_size = check_capacity(queue_size, name="queue_size")
         self.capacity = check_capacity(capacity)
         self.limits = limits or Limits()
-        self.keep_alive = keep_alive
+        self.keep_alive = check_keep_alive(keep_alive)
         self.n_ctx = check_n_ctx(n_ctx)
         #: load with an ``n_ctx`` past what the model was trained on
         self.force_n_ctx = force_n_ctx
+        if kv_type not in KV_TYPES:
+            raise InvalidArgument(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+        #: the KV cache's element type of every model it loads (``KV_TYPES``)
+        self.kv_type = kv_type
+        check_draft(draft)
+        #: prompt-lookup drafting for every request that does not choose (``DRAFT_MODES``)
+        self.draft = draft
+        #: the longest draft one sequence verifies in a step
+        self.draft_tokens = int(check("draft_tokens", draft_tokens))
         self.n_threads = check_threads("n_threads", n_threads)
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
         self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
         self.prefix_cache = prefix_cache
+        #: where prefix caches outlive an unload (None: they do not), within this many bytes
+        self.prefix_cache_dir = Path(prefix_cache_dir) if prefix_cache_dir is not None else None
+        self.prefix_cache_disk = check_disk_budget(prefix_cache_disk)
         self.isolation = isolation
         grace = check_duration("stop_grace", stop_grace, allow_zero=False)
         if grace is None:
             raise InvalidArgument("stop_grace must be a number of seconds, got None")
         self.stop_grace = grace
+        #: the memory every loaded model shares (``limit`` None: unbounded)
+        self.budget = MemoryBudget(memory_budget)
         self._models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -146,6 +190,8 @@ class Runtime:
         return model
 
     def _register(self, name: str, make: Callable[[], Model]) -> Model:
+        """The model called ``name``: the registered one, else ``make()``'s. Two callers
+        racing to register one name get the same model (the loser's is closed)."""
         with self._lock:
             if self._closed:
                 raise RuntimeClosed("the runtime is closed")
@@ -154,11 +200,22 @@ class Runtime:
             return existing
         model = make()
         with self._lock:
-            if self._closed:
-                model.close()
-                raise RuntimeClosed("the runtime is closed")
-            self._models[name] = model
-        return model
+            closed = self._closed
+            existing = self._models.get(name)
+            if not closed and existing is None:
+                self._models[name] = model
+                return model
+        model.close()
+        if closed:
+            raise RuntimeClosed("the runtime is closed")
+        assert existing is not None
+        return existing
+
+    def _forget(self, name: str, model: Model) -> None:
+        with self._lock:
+            if self._models.get(name) is model:
+                del self._models[name]
+        model.close()
 
     def add_engines(
         self,
@@ -291,6 +348,9 @@ class Runtime:
         *,
         device: str | None = None,
         slots: int | None = None,
+        n_ctx: int | None = None,
+        pin: bool = False,
+        lazy: bool = False,
         load_timeout: float | None = None,
         progress: Callable[[int, int | None], None] | None = None,
         **options: Any,
@@ -301,9 +361,16 @@ class Runtime:
         ``limits.load``) bounds the load: ``LoadTimeout`` when it passes. An unknown
         alias raises ``UnknownModel`` listing close matches; there is no fallback
         to another model. A path to a ``.gguf`` file loads that file. Loading an
-        alias that is already loaded returns the loaded model. A remote entry of the
-        user catalog (``tokenbelt models add-remote``) is served by its upstreams
-        (``add_remote``).
+        alias that is already loaded returns the loaded model; concurrent loads of one
+        alias make one load, and all of them get its model or its error. A remote
+        entry of the user catalog (``tokenbelt models add-remote``) is served by its
+        upstreams (``add_remote``).
+
+        ``slots``, ``n_ctx`` and ``keep_alive`` are this model's own (default: the
+        runtime's). ``pin``: never unloaded to make room for another model. ``lazy``:
+        register it now (an unknown alias still fails now) and fetch and load it on its
+        first request. With a ``memory_budget``, the load first unloads idle models
+        until the estimate of this one fits, or raises ``OverBudget``.
         """
         remote = find_remote(alias) if NAME_PATTERN.match(alias) else None
         if remote is not None:
@@ -312,21 +379,27 @@ class Runtime:
         n_slots = check_capacity(slots, name="slots") if slots is not None else self.slots
         timeout = load_timeout if load_timeout is not None else self.limits.load
         name = self.name_for(alias)
-        path, info = self._resolve(alias, device, progress)
+        info = self._describe(alias, device)
 
         threads, threads_batch = default_threads()
+        n_ctx = check_n_ctx(n_ctx) if n_ctx is not None else self.n_ctx
+        if info.get("kind", "chat") != "chat" and info.get("context_length"):
+            # An embedding or rerank model is loaded at most at the context it was
+            # trained for (its inputs may hold no more), not refused for the chat default.
+            n_ctx = min(n_ctx, int(info["context_length"]))
         info.update(
             slots=n_slots,
-            n_ctx_per_seq=self.n_ctx,
+            n_ctx_per_seq=n_ctx,
             threads=self.n_threads or threads,
             threads_batch=self.n_threads_batch or threads_batch,
             prefill_chunk=self.prefill_chunk,
+            kv_type=self.kv_type,
         )
 
         info["isolation"] = self.isolation
         options_of_engine: dict[str, Any] = {
             "slots": n_slots,
-            "n_ctx": self.n_ctx,
+            "n_ctx": n_ctx,
             "n_threads": self.n_threads,
             "n_threads_batch": self.n_threads_batch,
             "n_gpu_layers": info.get("n_gpu_layers", 0),
@@ -334,21 +407,69 @@ class Runtime:
             "cache_entries": 8 if self.prefix_cache else 0,
             "name": name,
             "force_n_ctx": self.force_n_ctx,
+            "kv_type": self.kv_type,
+            "pooling": info.get("pooling"),
+            "prefix_cache_dir": self.prefix_cache_dir,
+            "prefix_cache_disk": self.prefix_cache_disk,
+            "draft": self.draft,
+            "draft_tokens": self.draft_tokens,
         }
 
-        def factory() -> list[Engine]:
+        def build(path: Path) -> Engine:
             if self.isolation == "process":
-                return [
-                    WorkerEngine.load(
-                        path,
-                        load_timeout=timeout,
-                        stop_grace=self.stop_grace,
-                        **options_of_engine,
-                    )
-                ]
-            return [BatchEngine.load(path, load_timeout=timeout, **options_of_engine)]
+                return WorkerEngine.load(
+                    path, load_timeout=timeout, stop_grace=self.stop_grace, **options_of_engine
+                )
+            return BatchEngine.load(path, load_timeout=timeout, **options_of_engine)
 
-        return self._register(name, lambda: self._model(name, factory, info=info, **options))
+        def factory() -> list[Engine]:
+            path, resolved = self._resolve(alias, device, progress)  # may download
+            info.update(resolved)
+            cells = 4096 if options_of_engine["cache_entries"] else 0
+            need = estimate(
+                path, slots=n_slots, n_ctx=n_ctx, cache_tokens=cells, kv_type=self.kv_type
+            )
+            # Plain numbers (the info is JSON in /v1/models): ``Model.memory()`` reads them.
+            info["memory_estimate"] = need.parts()
+            # One load at a time counts the room left, and takes it.
+            with self.budget.lock:
+                self.budget.make_room(name, need, self.models.values())
+                return [build(path)]
+
+        model = self._register(
+            name,
+            lambda: self._model(name, factory, info=info, load=False, pinned=pin, **options),
+        )
+        if not lazy:
+            try:
+                model.ensure_loaded()
+            except BaseException:
+                if not model.loads:  # never loaded: not registered, as if never asked
+                    self._forget(name, model)
+                raise
+        return model
+
+    def _describe(self, alias: str, device: str | None) -> dict[str, Any]:
+        """What is known of ``alias`` before fetching it: the catalog's entry (its kind,
+        context, pooling), or the file's name. Raises ``UnknownModel`` for an alias the
+        catalog does not have."""
+        if alias.endswith(".gguf") and Path(alias).is_file():
+            return {"path": str(alias), "variant": Path(alias).name}
+        from ..models import Catalog, Home, ModelCache, choose_variant
+
+        home = Home.from_env()
+        choice = choose_variant(Catalog.load(home), alias, device=device, cache=ModelCache(home))
+        entry = choice.entry
+        return {
+            "alias": entry.alias,
+            "variant": choice.variant.id,
+            "device": choice.device,
+            "n_gpu_layers": 0 if choice.device == "cpu" else -1,
+            "context_length": entry.context_length,
+            "kind": entry.kind,
+            "pooling": entry.pooling,
+            "matryoshka": list(entry.matryoshka),
+        }
 
     @staticmethod
     def name_for(alias: str) -> str:
@@ -377,6 +498,9 @@ class Runtime:
             "verified": resolved.verified,
             "context_length": resolved.context_length,
             "n_gpu_layers": resolved.n_gpu_layers,
+            "kind": resolved.kind,
+            "pooling": resolved.pooling,
+            "matryoshka": list(resolved.matryoshka),
         }
 
     def unload(self, name: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 from .._errors import EndOfStream, IllegalState
 from ..belt import Belt, BeltStatistics, EndReason, Trace
@@ -24,6 +24,8 @@ class Usage:
     completion_tokens: int
     #: prompt tokens taken from the prefix cache instead of computed
     cached_tokens: int = 0
+    #: completion tokens a thinking model spent in its reasoning phase (None: it had none)
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -35,7 +37,11 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
+        } | (
+            {}
+            if self.reasoning_tokens is None
+            else {"completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,16 @@ class Reply:
     parsed: Any = None
     #: the tool calls of a ``tools`` turn, when it ended naturally
     tool_calls: tuple[ToolCall, ...] = ()
+    #: each generated token's id, when the request asked for ``return_token_ids``
+    token_ids: tuple[int, ...] = ()
+    #: a thinking model's reasoning text (``text`` is its answer)
+    reasoning: str = ""
+
+    @property
+    def answer_started(self) -> bool:
+        """False when a thinking model's reply ended inside its reasoning phase: a
+        limit (``max_tokens``, a deadline) or a stop ended it before any answer."""
+        return self.trace.phase != "reasoning"
 
     @property
     def finish_reason(self) -> str:
@@ -67,33 +83,16 @@ class Reply:
         return self.end_reason.openai_finish_reason
 
 
-class Stream:
-    """Text pieces of one request as they are generated.
+_T = TypeVar("_T")
 
-    Iterate it with ``for`` or ``async for`` (or both in turn). Reading applies
-    backpressure: generation runs at most ``capacity`` pieces ahead of you.
-    Leaving the loop early (``break``), ``close()``/``aclose()`` or ``cancel()``
-    stops the model with ``user_cancel``; ``cancel(reason)`` is idempotent and
-    safe from any thread or task. The loop ends quietly for every end reason but
-    ``runtime_error``, which raises the engine's own exception; look at
-    ``end_reason`` to know why it ended.
-    """
 
-    def __init__(
-        self,
-        belt: Belt[str],
-        *,
-        on_complete: Callable[[Stream], None] | None = None,
-        structure: Structure | None = None,
-    ) -> None:
+class OnBelt(Generic[_T]):
+    """What every request handle of the SDK shares over its belt: its identity, trace and
+    end reason, and the ways to stop it and wait for its release; a context manager
+    (sync and async) that closes it, and closes it when dropped."""
+
+    def __init__(self, belt: Belt[_T]) -> None:
         self._belt = belt
-        self._structure = structure
-        self._pieces: list[str] = []
-        self._logprobs: list[TokenLogprob] = []
-        self._on_complete = on_complete
-        self._completed = False
-
-    # -- what it is --------------------------------------------------------------------------
 
     @property
     def request_id(self) -> str:
@@ -108,10 +107,83 @@ class Stream:
     def end_reason(self) -> EndReason | None:
         return self._belt.end_reason
 
+    def cancel(self, reason: EndReason = EndReason.USER_CANCEL) -> bool:
+        """Stop the request; returns True if this call ended it. Never blocks."""
+        return self._belt.cancel(reason)
+
+    def close(self) -> None:
+        self._belt.close()
+
+    async def aclose(self) -> None:
+        self._belt.close()
+
+    def wait_released(self, timeout: float | None = None) -> bool:
+        """Block until the engine let go of the request (slot free)."""
+        return self._belt.wait_released(timeout)
+
+    async def await_released(self, timeout: float | None = None) -> bool:
+        """Async ``wait_released()``: True once the trace holds the release time."""
+        return await self._belt.await_released(timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._belt.close()
+
+
+class Stream(OnBelt[str]):
+    """Text pieces of one request as they are generated.
+
+    Iterate it with ``for`` or ``async for`` (or both in turn). Reading applies
+    backpressure: generation runs at most ``capacity`` pieces ahead of you.
+    A thinking model's pieces say which part they belong to: a ``Piece`` whose
+    ``reasoning`` holds text of the reasoning phase (its ``str`` is the answer's text,
+    often empty then); ``text`` is the answer, ``reasoning`` the reasoning.
+    Leaving the loop early (``break``), ``close()``/``aclose()`` or ``cancel()``
+    stops the model with ``user_cancel``; ``cancel(reason)`` is idempotent and
+    safe from any thread or task. The loop ends quietly for every end reason but
+    ``runtime_error``, which raises the engine's own exception; look at
+    ``end_reason`` to know why it ended.
+    """
+
+    def __init__(
+        self,
+        belt: Belt[str],
+        *,
+        on_complete: Callable[[Stream], None] | None = None,
+        structure: Structure | None = None,
+    ) -> None:
+        super().__init__(belt)
+        self._structure = structure
+        self._pieces: list[str] = []
+        self._reasoning: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
+        self._token_ids: list[int] = []
+        self._on_complete = on_complete
+        self._completed = False
+
+    # -- what it is --------------------------------------------------------------------------
+
     @property
     def text(self) -> str:
         """Everything read so far."""
         return "".join(self._pieces)
+
+    @property
+    def reasoning(self) -> str:
+        """A thinking model's reasoning text read so far (empty for other models)."""
+        return "".join(self._reasoning)
 
     @property
     def logprobs(self) -> list[TokenLogprob]:
@@ -123,12 +195,19 @@ class Stream:
         return self._logprobs
 
     @property
+    def token_ids(self) -> list[int]:
+        """The id of each token read so far (``return_token_ids=True``; else empty); like
+        ``logprobs``, a token whose text is held back is here as soon as it is read."""
+        return self._token_ids
+
+    @property
     def usage(self) -> Usage:
         t = self._belt.trace
         return Usage(
             prompt_tokens=t.prompt_tokens,
             completion_tokens=t.completion_tokens,
             cached_tokens=t.cached_tokens,
+            reasoning_tokens=None if t.reasoning_started is None else t.reasoning_tokens,
         )
 
     def statistics(self) -> BeltStatistics:
@@ -140,9 +219,16 @@ class Stream:
     def _got(self, piece: str) -> None:
         self._pieces.append(piece)
 
-    def _scored(self, piece: str) -> None:
-        if isinstance(piece, Piece):
-            self._logprobs.extend(piece.logprobs)
+    def _scored(self, piece: str) -> bool:
+        """Take what a ``Piece`` carries; True when it carries reasoning text."""
+        if not isinstance(piece, Piece):
+            return False
+        self._logprobs.extend(piece.logprobs)
+        self._token_ids.extend(piece.token_ids)
+        if piece.reasoning:
+            self._reasoning.append(piece.reasoning)
+            return True
+        return False
 
     def _ended(self) -> None:
         reason = self._belt.end_reason
@@ -160,9 +246,10 @@ class Stream:
                 except StopIteration:
                     self._ended()
                     return
-                self._scored(piece)
+                thought = self._scored(piece)
                 if piece:
                     self._got(piece)
+                if piece or thought:
                     yield piece
         finally:
             reader.close()
@@ -217,43 +304,9 @@ class Stream:
             logprobs=tuple(self._logprobs),
             parsed=parsed,
             tool_calls=calls,
+            token_ids=tuple(self._token_ids),
+            reasoning=self.reasoning,
         )
-
-    # -- stopping ----------------------------------------------------------------------------
-
-    def cancel(self, reason: EndReason = EndReason.USER_CANCEL) -> bool:
-        """Stop the request; returns True if this call ended it. Never blocks."""
-        return self._belt.cancel(reason)
-
-    def close(self) -> None:
-        self._belt.close()
-
-    async def aclose(self) -> None:
-        self._belt.close()
-
-    def wait_released(self, timeout: float | None = None) -> bool:
-        """Block until the engine let go of the request (slot free)."""
-        return self._belt.wait_released(timeout)
-
-    async def await_released(self, timeout: float | None = None) -> bool:
-        """Async ``wait_released()``: True once the trace holds the release time."""
-        return await self._belt.await_released(timeout)
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Stream:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self._belt.close()
 
     def __repr__(self) -> str:
         reason = self.end_reason.value if self.end_reason else None
@@ -281,9 +334,10 @@ class _AsyncPieces:
                 self._done = True
                 self._stream._ended()
                 raise StopAsyncIteration from None
-            self._stream._scored(piece)
+            thought = self._stream._scored(piece)
             if piece:
                 self._stream._got(piece)
+            if piece or thought:
                 return piece
 
     async def aclose(self) -> None:

@@ -28,12 +28,14 @@ from .core import (
     Dialects,
     HostMiddleware,
     JsonBodyMiddleware,
+    RefusalMiddleware,
     RequestIdMiddleware,
     RequestPath,
     ServerSettings,
     ServerState,
     control_router,
     install,
+    scrub,
 )
 
 STATIC = Path(__file__).parent / "static"
@@ -51,7 +53,8 @@ def _add_middleware(app: FastAPI, settings: ServerSettings, state: ServerState) 
     dialects = Dialects()
     dialects.add(ollama.PREFIX, ollama.error_shape)
     dialects.add(anthropic.PREFIX, anthropic.error_shape)
-    install(app, dialects)  # the error handlers, each dialect's shape by its prefix
+    # The error handlers, each dialect's shape by its prefix; no path in a message.
+    install(app, dialects, clean=scrub)
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
     if settings.keys():
@@ -71,7 +74,8 @@ def _add_middleware(app: FastAPI, settings: ServerSettings, state: ServerState) 
     build = app.build_middleware_stack
 
     def with_request_ids() -> RequestIdMiddleware:
-        return RequestIdMiddleware(build(), state.request_id_from)
+        counted = RefusalMiddleware(build(), state.metrics.refused, lambda: app.router.routes)
+        return RequestIdMiddleware(counted, state.request_id_from)
 
     app.build_middleware_stack = with_request_ids  # type: ignore[method-assign]
 

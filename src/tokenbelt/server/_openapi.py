@@ -25,6 +25,11 @@ GENERATING = frozenset(
         "/v1/responses",
         "/api/chat",
         "/api/generate",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/rerank",
+        "/api/embed",
+        "/api/embeddings",
         anthropic.PREFIX,
     }
 )
@@ -40,6 +45,7 @@ _WHY = {
     502: "The upstream serving this model failed",
     503: "The model is loading (see Retry-After) or the server is shutting down",
     504: "A deadline the request carried passed (the exact end reason is in tokenbelt)",
+    507: "The model cannot fit the server's memory budget, now or ever (the reason says)",
 }
 
 _STRING_OR_NULL = {"anyOf": [{"type": "string"}, {"type": "null"}]}
@@ -102,7 +108,7 @@ def statuses(path: str, operation: dict[str, Any]) -> set[int]:
     if "{" in path or operation.get("requestBody"):
         found.add(404)  # a path's id, or a body's model
     if path in GENERATING:
-        found |= {429, 500, 502, 503, 504}
+        found |= {429, 500, 502, 503, 504, 507}
     if path == "/health":
         found.add(503)
     return found

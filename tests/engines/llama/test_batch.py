@@ -8,12 +8,14 @@ scheduler hands it over; the test reads (or does not read) the belt itself.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from tokenbelt import EndReason, GenerationRequest, SamplingParams
+from tokenbelt import EndReason, GenerationRequest, InvalidArgument, SamplingParams
 from tokenbelt.belt import Belt
 from tokenbelt.engines import BatchEngine, BatchStatistics, LoopEngine, Message
 from tokenbelt.models import default_model_path
@@ -133,3 +135,117 @@ def test_a_paused_reader_pauses_only_its_own_sequence(engine: BatchEngine) -> No
     assert paused.cancel(EndReason.USER_CANCEL)
     assert paused.wait_released(NET)
     assert engine.statistics().running == 0
+
+
+def test_a_q8_0_kv_cache_takes_about_half_the_memory_and_still_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def kv_mib(kv_type: str) -> tuple[float, str]:
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="tokenbelt.engines.llama.native"):
+            batch = BatchEngine(default_model_path(), slots=1, n_ctx=512, kv_type=kv_type)
+        try:
+            belt = start(batch, GenerationRequest.chat(SEA, greedy(8)))
+            text = "".join(belt)
+            assert belt.wait_released(NET)
+        finally:
+            batch.close()
+        # llama.cpp's own account of the buffer it allocated for the cache
+        sizes = [r.getMessage() for r in caplog.records if "KV buffer size" in r.getMessage()]
+        assert sizes, "llama.cpp logged no KV buffer size"
+        return float(sizes[-1].split("=")[1].split()[0]), text
+
+    f16, f16_text = kv_mib("f16")
+    q8, q8_text = kv_mib("q8_0")
+    assert 0.45 * f16 < q8 < 0.6 * f16  # q8_0: 34 bytes per 32 values, f16: 64
+    assert f16_text.strip()
+    assert q8_text.strip()
+    with pytest.raises(InvalidArgument, match="kv_type must be one of f16, q8_0"):
+        BatchEngine(default_model_path(), kv_type="q4_0")
+    with pytest.raises(InvalidArgument, match="flash_attn must be one of auto, on, off"):
+        BatchEngine(default_model_path(), flash_attn="yes")
+    with pytest.raises(InvalidArgument, match="a q8_0 KV cache needs flash attention"):
+        BatchEngine(default_model_path(), kv_type="q8_0", flash_attn="off")
+
+
+def slowed_engine(node_s: float, **options: Any) -> tuple[BatchEngine, threading.Event]:
+    """A two-slot engine whose graph nodes each take ``node_s`` more while the event is
+    set (as on a machine whose cores are busy), and that event."""
+    slow = threading.Event()
+    batch = BatchEngine(
+        default_model_path(),
+        slots=2,
+        n_ctx=512,
+        n_threads=1,
+        n_threads_batch=1,
+        cache_entries=0,
+        **options,
+    )
+
+    def hook(stopped: bool) -> bool:
+        if slow.is_set() and not stopped:
+            time.sleep(node_s)
+        return stopped
+
+    batch.wrap_abort_hook(hook)
+    return batch, slow
+
+
+def test_a_stop_in_a_step_timed_longer_than_the_bound_aborts_it_at_once() -> None:
+    """Steps that this engine timed at about 0.5 s (each graph node takes 1 ms): a stop
+    that lands in one beside a running stream aborts it at once rather than after
+    ``stop_abort_after`` (0.3 s here), since the step would outlast the bound anyway."""
+    batch, slow = slowed_engine(0.001, stop_abort_after=0.3)
+    try:
+        slow.set()
+        stopped = start(batch, GenerationRequest.chat(SEA, greedy(200)))
+        beside = start(batch, GenerationRequest.chat(SEA, greedy(200)))
+        both = (stopped, beside)
+        poll(lambda: all(b.trace.completion_tokens >= 3 for b in both), "slow steps")
+        steps = batch.statistics().steps
+        poll(lambda: batch.statistics().steps > steps, "a step")
+        time.sleep(0.02)  # inside the next step, which lasts about 0.5 s
+        assert stopped.cancel(EndReason.USER_CANCEL)
+        assert stopped.wait_released(NET)
+        lag = stopped.trace.cancel_to_release
+        assert lag is not None
+        assert lag < 0.2, f"released {lag:.3f} s after its stop"
+        assert batch.statistics().stop_aborted_steps >= 1
+        assert beside.cancel(EndReason.USER_CANCEL)
+        assert beside.wait_released(NET)
+    finally:
+        slow.clear()
+        batch.close()
+
+
+def test_a_stop_in_a_long_step_beside_another_stream_aborts_that_step() -> None:
+    """A step that runs for seconds (here each graph node takes 4 ms, as on a machine
+    whose cores are busy) while a stop lands in it beside a running stream: the stop
+    watch aborts it ``stop_abort_after`` later instead of waiting for its end, and the
+    stream beside it goes on from its KV to the same text (flash attention off: its
+    sums depend on the batch's shape, so the text alone and beside another could differ
+    by a near tie)."""
+    batch, slow = slowed_engine(0.004, flash_attn="off")
+    try:
+        alone = start(batch, GenerationRequest.chat(SEA, greedy(12)))
+        expected = "".join(alone)
+        assert alone.wait_released(NET)
+        stopped = start(batch, GenerationRequest.chat(SEA, greedy(200)))
+        beside = start(batch, GenerationRequest.chat(SEA, greedy(12)))
+        poll(lambda: beside.trace.first_token is not None, "the first token beside")
+        slow.set()
+        steps = batch.statistics().steps
+        poll(lambda: batch.statistics().steps > steps, "a step")
+        time.sleep(0.1)  # a slow step is in flight now (it lasts seconds)
+        assert stopped.cancel(EndReason.USER_CANCEL)
+        assert stopped.wait_released(NET)
+        slow.clear()
+        lag = stopped.trace.cancel_to_release
+        assert lag is not None
+        assert lag < batch.stop_abort_after + 0.5, f"released {lag:.3f} s after its stop"
+        assert batch.statistics().stop_aborted_steps >= 1
+        assert "".join(beside) == expected
+        assert beside.end_reason is EndReason.LENGTH
+    finally:
+        slow.clear()
+        batch.close()

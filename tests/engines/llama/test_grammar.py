@@ -1,13 +1,15 @@
 """Grammars: schema compilation (cached; refused when neither the grammar nor validation
-can enforce it) and the batch engine's constrained sampling on the real model."""
+can enforce it), the sampler step (a lazy grammar's free text sampled plain) and the
+batch engine's constrained sampling on the real model."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import pickle
-import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
 import pytest
@@ -18,6 +20,7 @@ from tokenbelt.engines import (
     BatchEngine,
     GenerationRequest,
     Grammar,
+    GrammarSampler,
     SamplingParams,
     check_enforceable,
     clear_schema_cache,
@@ -26,7 +29,10 @@ from tokenbelt.engines import (
     schema_cache_info,
     schema_grammar,
 )
+from tokenbelt.engines.llama import _native
 from tokenbelt.models import default_model_path
+from tokenbelt.runtime import structured
+from tooling import WEATHER, trigger_fires, trigger_matches
 
 POINT = {
     "type": "object",
@@ -98,13 +104,17 @@ def test_a_function_grammar_and_its_trigger() -> None:
     lazy = functions_grammar(functions, head="<tool_call>", tail="</tool_call>", lazy=True)
     assert eager.triggers == ()
     assert eager.gbnf == lazy.gbnf
-    (trigger,) = lazy.triggers
+    assert len(lazy.triggers) == 1
     # Fires on the opening tag and any start of the call's JSON, never on what the
-    # grammar would refuse (which llama.cpp could not feed to it).
+    # grammar would refuse (which llama.cpp could not feed to it), also after long text.
+    prose = "The weather is a fine thing to ask about. " * 30
     for fires in ("<tool_call>", 'hi <tool_call>\n{"na', 'x<tool_call>{"name": "'):
-        assert re.fullmatch(trigger, fires)
-    for waits in ("<tool_ca", "<tool_call> hello", '<tool_call>{"nombre'):
-        assert not re.fullmatch(trigger, waits)
+        assert trigger_fires(lazy, fires)
+        assert trigger_fires(lazy, prose + fires)
+    for waits in ("<tool_ca", prose, prose + "<tool_c"):
+        assert not trigger_fires(lazy, waits)
+    for refused in ("<tool_call> hello", '<tool_call>{"nombre', "hi <tool_call>!"):
+        assert not trigger_matches(lazy.triggers[0], refused)  # as one token's piece
     same_name = [
         (f, {"$defs": {"Addr": {"type": t}}, "properties": {"a": {"$ref": "#/$defs/Addr"}}})
         for f, t in (("f", "string"), ("g", "integer"))
@@ -133,6 +143,87 @@ def test_an_engine_without_grammars_refuses_one() -> None:
         )
         with pytest.raises(InvalidArgument, match="grammar"):
             runtime.get("scripted").submit(request)
+
+
+# -- the sampler step, on the real vocabulary and llama.cpp's grammar ------------------------------
+
+
+class ScriptedLogits:
+    """llama.cpp's binding with one logits row that favours the next token of a script,
+    counting the sampler calls: a sampler step's seam. ``llama_sampler_sample`` does what
+    llama.cpp's does (the row into an array, the chain over it, the chain told)."""
+
+    def __init__(self, n_vocab: int) -> None:
+        import llama_cpp
+
+        self._lib = llama_cpp
+        self._n = n_vocab
+        self.row = (ctypes.c_float * n_vocab)()
+        self.plain = 0  # llama_sampler_sample calls
+        self.full = 0  # sampler applies over more than one token
+
+    def favour(self, token: int) -> None:
+        ctypes.memset(self.row, 0, ctypes.sizeof(self.row))
+        self.row[token] = 10.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def llama_get_logits_ith(self, ctx: object, row: int) -> Any:
+        return self.row
+
+    def llama_sampler_apply(self, sampler: object, array: Any) -> None:
+        self.full += array._obj.size > 1
+        self._lib.llama_sampler_apply(sampler, array)
+
+    def llama_sampler_sample(self, chain: object, ctx: object, row: int) -> int:
+        self.plain += 1
+        lib = self._lib
+        data = (lib.llama_token_data * self._n)(*((t, self.row[t], 0.0) for t in range(self._n)))
+        array = lib.llama_token_data_array(data=data, size=self._n, selected=-1, sorted=False)
+        lib.llama_sampler_apply(chain, ctypes.byref(array))
+        token = int(data[array.selected].id)
+        lib.llama_sampler_accept(chain, token)
+        return token
+
+
+def test_free_text_under_a_lazy_grammar_is_sampled_plain_and_the_call_constrained() -> None:
+    tools = structured.tools_from([WEATHER])
+    grammar = structured.tools_grammar(tools, "auto")
+    assert grammar is not None
+    assert grammar.triggers
+    call = structured.ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    prose, rest = "Let me look that up. ", structured.render_call(call) + " Hello"
+    model = _native.load_vocab(default_model_path())
+    lib = ScriptedLogits(model.n_vocab())
+    sampler = GrammarSampler(lib, model.vocab, model.n_vocab(), grammar)
+    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+    try:
+        out = []
+        for text in (prose, rest):
+            for token in model.tokenize(text.encode(), False, False):
+                lib.favour(token)
+                out.append(sampler.sample(chain, None, 0))
+                if lib.llama_vocab_is_eog(model.vocab, out[-1]):
+                    break
+            if text is prose:  # no trigger yet: each token the plain sample, no array
+                assert (lib.plain, lib.full) == (len(out), 0)
+                assert sampler.awaiting
+        # The call went through as written; the prose after it is refused: only the end.
+        assert lib.llama_vocab_is_eog(model.vocab, out[-1])
+        assert sampler.resampled == 1
+        assert not sampler.awaiting
+        reply = model.detokenize(out[:-1], False).decode()
+        before, calls = structured.parse_tool_calls(reply, tools)
+        assert (before, [(c.name, c.arguments) for c in calls]) == (
+            prose,
+            [(call.name, call.arguments)],
+        )
+    finally:
+        lib.llama_sampler_free(chain)
+        sampler.free()
+        model.close()
 
 
 # -- constrained sampling on the real model -----------------------------------------------------

@@ -601,9 +601,9 @@ def test_prompt_too_long_fails_before_any_compute(engine: LlamaEngine) -> None:
         ({"temperature": -0.5}, r"temperature must be in \[0, 2\]"),
         ({"top_p": 0}, r"top_p must be in \(0, 1\]"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-        ({"max_tokens": 0}, r"max_tokens must be in \[1, 1000000\]"),
-        ({"max_tokens": -3}, r"max_tokens must be in \[1, 1000000\]"),
-        ({"top_k": -1}, r"top_k must be in \[0, 100000\]"),
+        ({"max_tokens": 0}, r"max_tokens must be an integer from 1 to 1048576"),
+        ({"max_tokens": -3}, r"max_tokens must be an integer from 1 to 1048576"),
+        ({"top_k": -1}, r"top_k must be an integer from 0 to 100000"),
         ({"temperature": float("nan")}, "temperature must be a number"),
     ],
 )

@@ -61,6 +61,7 @@ def test_stream_and_json_through_the_front(serve: ServeFactory) -> None:
     # The front passed its request id on; the upstream's trace came back, released.
     assert trace["upstream"]["request_id"] == trace["request_id"]
     assert trace["upstream"]["trace"]["timeline_ms"]["released"] is not None
+    assert trace["upstream"]["release"] == "finished"
     assert upstream_trace(up, trace["request_id"])["end_reason"] == "stop"
 
 
@@ -74,6 +75,7 @@ def _front_and_upstream_stop(fr_url: str, up_url: str, request_id: str, reason: 
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert front_trace["end_reason"] == reason
+    assert front_trace["upstream"]["release"] == "confirmed"
     up = front_trace["upstream"]["trace"]
     assert up["request_id"] == request_id
     assert up["timeline_ms"]["released"] is not None, up

@@ -161,6 +161,8 @@ def test_llama_cpp_python_server_as_upstream(tmp_path: Path) -> None:
         assert reply.end_reason in (EndReason.STOP, EndReason.LENGTH)
         assert reply.text
         assert reply.usage.completion_tokens > 0
+        assert reply.trace.upstream is not None
+        assert reply.trace.upstream["release"] == "finished"
         # Through the SDK's stream: stop after two pieces; the upstream is free again
         # for the next request at once (its request starts promptly).
         stream = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500)
@@ -169,6 +171,9 @@ def test_llama_cpp_python_server_as_upstream(tmp_path: Path) -> None:
         next(pieces)
         stream.cancel()
         assert stream.wait_released(NET)
+        # Closed, but that server keeps no record a front could read: not claimed.
+        assert stream.trace.upstream is not None
+        assert stream.trace.upstream["release"] == "unconfirmed"
         started = time.monotonic()
         follow = model.stream([{"role": "user", "content": "Say hi"}], max_tokens=2)
         next(iter(follow))

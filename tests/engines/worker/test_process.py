@@ -94,12 +94,47 @@ def test_every_message_kind_survives_the_pipe_whole() -> None:
         m.Finish(1, EndReason.STOP, 2, "\n"),
         m.Fail(1, "boom", 0),
         m.Release(1, ["req_2"], stats),
+        m.Step((m.Item(1, " a", 1), m.Item(2, " b", 1), m.Release(2, [], None))),
     ]
     ours, theirs = Pipe()
     try:
         for message in every:
             theirs.send(m.encode(message))
             assert m.decode(ours.recv()) == message
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_step_sampled_while_held_crosses_as_one_frame_in_order() -> None:
+    """The worker's link holds what the sampling thread sends during a step and writes it
+    as one frame at the step's end; a message another thread sends meanwhile goes after
+    what was held, so the pipe keeps the order of the sends."""
+    from multiprocessing.connection import Pipe
+
+    from tokenbelt.engines.worker import _messages as m
+    from tokenbelt.engines.worker._child import _Link
+
+    ours, theirs = Pipe()
+    link = _Link(theirs)
+    try:
+        with link.held():
+            link.send(m.Item(1, " a", 1))
+            link.send(m.Item(2, " b", 1))
+            assert not ours.poll(0.05), "nothing is written while the step samples"
+            other = threading.Thread(target=link.send, args=(m.Cancel(3, EndReason.TOTAL_TIMEOUT),))
+            other.start()
+            other.join(5)
+            link.send(m.Finish(1, EndReason.STOP, 0, None))
+        frames = [m.messages(ours.recv()) for _ in range(3)]
+        assert frames == [
+            [m.Item(1, " a", 1), m.Item(2, " b", 1)],
+            [m.Cancel(3, EndReason.TOTAL_TIMEOUT)],
+            [m.Finish(1, EndReason.STOP, 0, None)],
+        ]
+        assert not ours.poll(0.05)
+        link.send(m.Item(1, " c", 1))  # outside a step: written at once, alone
+        assert m.messages(ours.recv()) == [m.Item(1, " c", 1)]
     finally:
         ours.close()
         theirs.close()

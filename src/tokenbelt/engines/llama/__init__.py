@@ -2,8 +2,16 @@
 lands inside a step), its grammar sampler, thread tuning and loading, the native helpers
 they share, and the single-sequence baseline the benchmarks measure against."""
 
-from ._batch import BatchEngine, KeptPrompts, check_fits, check_request
+from ._batch import KV_TYPES, BatchEngine, KeptPrompts, check_fits, check_request
 from ._binding import quiet_native_logs
+from ._embed import (
+    MAX_EMBED_TOKENS,
+    check_inputs,
+    check_pooling,
+    embedding_info,
+    input_tokens,
+    pair_tokens,
+)
 from ._grammar import (
     CALL_ARGUMENTS,
     CALL_PREFIX,
@@ -28,6 +36,8 @@ from ._native import (
     template_tools,
     tool_format,
 )
+from ._persist import DEFAULT_PREFIX_CACHE_DISK, check_disk_budget
+from ._reasoning import ReasoningFormat, detect_reasoning, template_options
 from ._single import LlamaEngine
 from ._threads import (
     check_threads,
@@ -38,31 +48,43 @@ from ._threads import (
 __all__ = [
     "CALL_ARGUMENTS",
     "CALL_PREFIX",
+    "DEFAULT_PREFIX_CACHE_DISK",
+    "KV_TYPES",
+    "MAX_EMBED_TOKENS",
     "TOOL_FORMATS",
     "BatchEngine",
     "GrammarCacheInfo",
     "GrammarSampler",
     "KeptPrompts",
     "LlamaEngine",
+    "ReasoningFormat",
     "call_arguments",
     "chat_formatter",
+    "check_disk_budget",
     "check_enforceable",
     "check_fits",
     "check_gguf_file",
     "check_grammar",
+    "check_inputs",
+    "check_pooling",
     "check_request",
     "check_threads",
     "clear_schema_cache",
     "default_threads",
+    "detect_reasoning",
+    "embedding_info",
     "format_of_template",
     "functions_grammar",
+    "input_tokens",
     "json_object_grammar",
     "load_vocab",
     "load_with_deadline",
+    "pair_tokens",
     "prompt_tokens",
     "quiet_native_logs",
     "schema_cache_info",
     "schema_grammar",
+    "template_options",
     "template_tools",
     "tool_format",
     "usable_cores",

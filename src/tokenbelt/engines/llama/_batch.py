@@ -13,11 +13,15 @@ Where a stop lands, per sequence:
 
 - a cancelled sequence leaves before the next step: its KV cells are freed and its
   release is recorded then (within one batched step of the stop);
-- a running ``llama_decode`` is aborted through llama.cpp's abort hook only when
+- a running ``llama_decode`` is aborted through llama.cpp's abort hook at once when
   every sequence in it is cancelled, or when it carries the cancelled sequence's own
-  prompt chunk. llama.cpp then drops that step's cells, and every surviving
-  sequence goes on from where its KV ends (``llama_memory_seq_pos_max``): a stop
-  never ends, corrupts or errors another stream.
+  prompt chunk; otherwise the step may end first, but one that is still running
+  ``stop_abort_after`` seconds after the stop (a long step: a busy machine whose
+  threads wait for a core, a big prompt chunk beside it) is aborted then, by the
+  engine's stop watch, and one that this engine's own timings of such steps say will
+  run longer than that is aborted at once. llama.cpp then drops that step's cells, and
+  every surviving sequence goes on from where its KV ends (``llama_memory_seq_pos_max``): a stop
+  never ends, corrupts or errors another stream, and costs it at most one step redone.
 
 Prefix cache: a sequence that ends naturally keeps its KV cells as a cache entry
 (up to ``cache_entries`` entries and ``cache_tokens`` tokens, least recently used
@@ -26,25 +30,42 @@ running sequence copies those cells (``llama_memory_seq_cp``, no compute) and
 evaluates only the rest; ``trace.cached_tokens`` says how many it reused.
 ``cache_entries=0`` turns the cache off: every prompt is then computed in full, so
 identical prompts give identical greedy text whatever ran before or beside them.
+With a ``prefix_cache_dir`` the entries outlive the engine: ``close()`` writes them
+there (within ``prefix_cache_disk`` bytes) and the next load of the same model with
+the same KV settings reads them back before it takes a request (``_persist.py``).
 
 The KV cache is one unified buffer of ``slots * n_ctx + cache_tokens`` cells: each
 sequence may hold up to ``n_ctx`` tokens (prompt and reply), and shared prefixes
 take their cells once.
+
+Drafting (``draft="lookup"``, or a request's own ``draft``): a decoding sequence may
+add a draft of up to ``draft_tokens`` tokens, taken from its own earlier text, to its
+pending token in a step; the rows are sampled in order and the draft is accepted up
+to the first sample that differs (``_verify``), the cells of the rest are removed at
+once. It is measured per request and turns itself off where it does not pay
+(``_draft.py``). A draft's cells never outlive its step: ``n_past`` counts only
+verified tokens, an aborted step and a retired sequence drop the rest. Sequences with
+a grammar or a reasoning phase never draft (their samplers' state and the forced
+end marker are tied to one token per step); their text would not change, but the
+bookkeeping would not be simple.
 """
 
 from __future__ import annotations
 
 import codecs
 import collections
+import contextlib
 import ctypes
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ..._defaults import DEFAULT_DRAFT_TOKENS
 from ..._errors import (
     Cancelled,
     DecodeError,
@@ -53,11 +74,22 @@ from ..._errors import (
     ModelLoadError,
     PromptTooLong,
 )
-from ...belt import EndReason, Producer
+from ...belt import DeadlineTimer, EndReason, Producer, check, check_capacity, check_duration
 from .._base import OnExit, check_can_start, run_to_end
-from .._request import GenerationRequest, Piece, SamplingParams, TokenLogprob
+from .._embedding import EmbeddingInfo, EmbeddingRequest
+from .._request import GenerationRequest, Piece, SamplingParams, TokenLogprob, check_draft
 from .._statistics import BatchStatistics
 from ._binding import flag_abort_callback, quiet_native_logs
+from ._draft import Lookup, best_length
+from ._embed import (
+    Embedder,
+    EmbedJob,
+    check_inputs,
+    check_pooling,
+    embedding_info,
+    input_tokens,
+    pair_tokens,
+)
 from ._grammar import GrammarSampler, check_grammar
 from ._loading import check_gguf_file, load_gguf
 from ._native import (
@@ -67,6 +99,16 @@ from ._native import (
     prompt_tokens,
     template_tools,
     tool_format,
+)
+from ._persist import DEFAULT_PREFIX_CACHE_DISK, PrefixStore, check_disk_budget, model_key
+from ._reasoning import (
+    ANSWER,
+    REASONING,
+    PhaseSplitter,
+    ReasoningFormat,
+    check_reasoning,
+    detect_reasoning,
+    template_options,
 )
 from ._threads import (
     ThreadTuner,
@@ -79,12 +121,22 @@ from ._threads import (
 
 logger = logging.getLogger("tokenbelt.engines.batch")
 
+#: the KV cache's element types: name -> ggml type (f16: llama.cpp's default; q8_0:
+#: about half its memory, with flash attention)
+KV_TYPES = {"f16": 1, "q8_0": 8}
+#: flash attention: name -> ``llama_flash_attn_type`` ("auto": where the device has it)
+FLASH_ATTN = {"auto": -1, "on": 1, "off": 0}
 #: last tokens the repeat penalty looks at (llama-cpp-python's ``last_n_tokens_size``)
 _PENALTY_LAST_N = 64
 #: at most this many other requests are named in one trace's ``batched_with``
 _MAX_PEERS = 32
 #: prompts tokenized by ``count_prompt_tokens`` and kept for their admission
 _MAX_TOKENIZED = 256
+#: seconds a step may run on after a stop landed in it before the stop watch aborts it
+STOP_ABORT_AFTER_S = 0.03
+#: steps of at most this many tokens are timed per size (a forced marker's step, a
+#: drafted step: ``draft_tokens`` is at most 64)
+_TIMED_STEP_TOKENS = 64
 
 
 def check_fits(n: int, context_length: int) -> None:
@@ -131,18 +183,24 @@ class _Seq:
     __slots__ = (
         "cancelled",
         "decoder",
+        "draft",
         "grammar",
         "id",
+        "lookup",
         "max_new",
         "n_past",
         "n_prompt",
         "on_exit",
+        "phases",
         "prepared",
         "produced",
         "producer",
         "request",
         "sampler",
         "stopper",
+        "think_budget",
+        "think_timer",
+        "think_until",
         "tokens",
         "waiting_room",
     )
@@ -166,10 +224,42 @@ class _Seq:
         self.cancelled = False
         self.waiting_room = False
         self.prepared = False  # started and tokenized (it may still wait to share a prefix)
+        #: a thinking model's chat request: its output split into reasoning and answer
+        self.phases: PhaseSplitter | None = None
+        #: reasoning tokens allowed (None: no budget), and the phase's monotonic deadline
+        self.think_budget: int | None = None
+        self.think_until: float | None = None
+        #: what the engine's deadline timer holds (weakly) for that deadline
+        self.think_timer: _ThinkingDeadline | None = None
+        #: prompt-lookup drafting (None: off for this request), and the draft in flight:
+        #: its cells follow the pending token's in the KV cache until it is verified
+        self.lookup: Lookup | None = None
+        self.draft: list[int] = []
 
     @property
     def decoding(self) -> bool:
         return self.produced > 0 or len(self.tokens) > self.n_prompt
+
+
+class _ThinkingDeadline:
+    """A sequence's thinking deadline, as the engine's ``DeadlineTimer`` sees it: at its
+    time, the step in flight is aborted if it computes this sequence alone, so the end
+    marker goes into the very next step instead of the one after."""
+
+    __slots__ = ("__weakref__", "engine", "seq")
+
+    def __init__(self, engine: BatchEngine, seq: _Seq) -> None:
+        self.engine = engine
+        self.seq = seq
+
+    def expire(self) -> float | None:
+        when = self.seq.think_until
+        if when is None:
+            return None  # the phase ended before its deadline
+        if time.monotonic() < when:
+            return when
+        self.engine._thinking_expired(self.seq)
+        return None
 
 
 class _CacheEntry:
@@ -199,12 +289,28 @@ def check_logit_bias(s: SamplingParams, n_vocab: int, name: str) -> None:
 
 
 def check_request(
-    lib: Any, vocab: Any, n_vocab: int, request: GenerationRequest, name: str
+    lib: Any,
+    vocab: Any,
+    n_vocab: int,
+    request: GenerationRequest,
+    name: str,
+    reasoning: ReasoningFormat | None = None,
 ) -> None:
     """What only the model can check, before a request queues: ``logit_bias`` names
-    tokens of its vocabulary, and a grammar parses against it (``InvalidArgument``)."""
+    tokens of its vocabulary, a grammar parses against it, and ``think`` asks what the
+    chat template can do (``reasoning``: its markers) (``InvalidArgument``)."""
     check_logit_bias(request.sampling, n_vocab, name)
+    check_reasoning(reasoning, request, name)
     if request.grammar is not None:
+        s = request.sampling
+        for field in ("ignore_eos", "min_tokens"):
+            if getattr(s, field):
+                # A grammar that is complete allows only the end: banning it leaves nothing.
+                raise InvalidArgument(
+                    f"{field} cannot be combined with a grammar (response_format, tools): "
+                    "a complete grammar can only end the reply",
+                    param=field,
+                )
         check_grammar(lib, vocab, request.grammar)
 
 
@@ -216,6 +322,21 @@ class BatchEngine:
     when it is admitted, ``finish``/``fail`` (or sees the producer's cancel), then
     ``on_exit()`` and ``producer.release()`` once its KV cells are free or cached.
     At most ``slots`` requests may be started and not yet released.
+
+    ``prefix_cache_dir`` (None: off) keeps the prefix cache across loads: ``close()``
+    writes its entries there within ``prefix_cache_disk`` bytes (all models in that
+    directory together; 0: off), and the next engine on the same model file with the
+    same ``kv_type`` reads them back while it loads (``_persist.py`` has the key, the
+    format and the invalidation rule).
+
+    ``flash_attn`` ("auto", as llama.cpp's server has it: on for the CPU) is llama.cpp's
+    flash attention; "off" makes a stream's greedy text the same whatever shares its
+    steps (the flash kernel's sums depend on the batch's shape), at the price of
+    attention over every cell in use (``FLASH_ATTN``; a q8_0 cache needs it).
+
+    ``draft="lookup"`` drafts by prompt lookup (up to ``draft_tokens`` tokens a step) for
+    every request that does not say otherwise (``GenerationRequest.draft``); each such
+    request measures whether it pays and stops drafting when it does not.
     """
 
     def __init__(
@@ -233,21 +354,49 @@ class BatchEngine:
         cache_tokens: int = 4096,
         name: str | None = None,
         force_n_ctx: bool = False,
+        kv_type: str = "f16",
+        flash_attn: str = "auto",
+        stop_abort_after: float = STOP_ABORT_AFTER_S,
+        reasoning: bool = True,
+        pooling: str | None = None,
+        prefix_cache_dir: str | Path | None = None,
+        prefix_cache_disk: int = DEFAULT_PREFIX_CACHE_DISK,
+        draft: str = "off",
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
         path = check_gguf_file(model_path)
+        check_pooling(pooling, path)
+        if kv_type not in KV_TYPES:
+            raise InvalidArgument(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+        if flash_attn not in FLASH_ATTN:
+            raise InvalidArgument(
+                f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {flash_attn!r}"
+            )
+        if flash_attn == "off" and kv_type != "f16":
+            raise InvalidArgument(f"a {kv_type} KV cache needs flash attention (not 'off')")
+        check_disk_budget(prefix_cache_disk)
+        check_draft(draft)
+        #: the drafting of a request that asks for none of its own (``DRAFT_MODES``)
+        self.draft = draft
+        #: the longest draft one sequence verifies in a step
+        self.draft_tokens = int(check("draft_tokens", draft_tokens))
         quiet_native_logs()
         self._lib: Any = llama_cpp
+        #: the KV cache's element type (``KV_TYPES``)
+        self.kv_type = kv_type
         self.model_path = path
         self.name = name or path.stem
-        self.slots = max(1, slots)
+        self.slots = check_capacity(slots, name="slots")  # llama.cpp's sequence limit
         self.context_length = n_ctx
         self.n_batch = max(n_batch, self.slots + 1)
         self.prefill_chunk = max(1, min(prefill_chunk, self.n_batch - self.slots))
         self.cache_entries = max(0, cache_entries)
         self.cache_tokens = max(0, cache_tokens) if self.cache_entries else 0
+        after = check_duration("stop_abort_after", stop_abort_after, allow_zero=True)
+        self.stop_abort_after = STOP_ABORT_AFTER_S if after is None else after
         threads, threads_batch = default_threads()
         self.n_threads = check_threads("n_threads", n_threads) or threads
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch) or threads_batch
@@ -282,10 +431,14 @@ class BatchEngine:
             cparams.n_ubatch = self.n_batch  # one ubatch per step: an abort drops it whole
             cparams.n_seq_max = self.n_seq_max
             cparams.kv_unified = True  # shared prefixes take their cells once
-            # Off, as llama-cpp-python's ``Llama`` has it: llama.cpp's "auto" turns flash
-            # attention on for the CPU, and with it the default model's greedy text came
-            # out different from (and worse than) the single-context engine's.
-            cparams.flash_attn_type = 0
+            # Flash attention as llama.cpp's own server has it ("auto": on where the
+            # device has it, the CPU included). Without it every step computes attention
+            # over every cell up to the highest one in use, prefix-cache entries' cells
+            # included; the CPU kernel skips the cells a sequence cannot see. Measured here
+            # (2 threads, 400-token replies, the cache filling): 53 -> 33 tok/s off,
+            # 69 -> 52 on. A q8_0 cache needs it on: llama.cpp quantizes V only inside it.
+            cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
+            cparams.flash_attn_type = FLASH_ATTN["on" if kv_type != "f16" else flash_attn]
             cparams.n_threads = self.n_threads
             cparams.n_threads_batch = self.n_threads_batch
             self._ctx: Any = _internals.LlamaContext(
@@ -305,13 +458,34 @@ class BatchEngine:
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = template_tools(self._formatter)
         self.tool_format = tool_format(self._formatter)
+        #: a thinking model's reasoning markers (None: it has none, or ``reasoning=False``
+        #: asked for its output as one text, markers and all)
+        self.reasoning = detect_reasoning(self._model, self._formatter) if reasoning else None
+        # Marker tokens rendered as their text even where the vocabulary holds them as
+        # control tokens (which render as nothing), so the splitter always sees them.
+        self._marker_text: dict[int, str] = {}
+        if self.reasoning is not None:
+            for marker in (self.reasoning.start, self.reasoning.end):
+                ids = self._model.tokenize(marker.encode("utf-8"), False, True)
+                if len(ids) == 1:
+                    self._marker_text[int(ids[0])] = marker
         # The abort hook reads this flag natively; the loop clears it before each step.
         self._flag = ctypes.create_string_buffer(2)
         self._abort_callback = flag_abort_callback()
         llama_cpp.llama_set_abort_callback(
             self._ctx.ctx, self._abort_callback, ctypes.cast(self._flag, ctypes.c_void_p)
         )
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # The stop watch's own condition: a notify for the loop never wakes it instead.
+        self._watch = threading.Condition(self._lock)
+        #: when the stop watch aborts the step in flight (a stop landed in it), or None
+        self._abort_by: float | None = None
+        self._escalated = 0
+        #: work for the loop to run between two steps (``between_steps``)
+        self._between: list[Callable[[], None]] = []
+        #: wraps the sampling of each step (a worker sends a step's output as one frame)
+        self._sampling: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         self._inbox: collections.deque[_Seq] = collections.deque()
         self._active: list[_Seq] = []
         self._in_flight: list[_Seq] = []
@@ -327,14 +501,50 @@ class BatchEngine:
         self._aborted = 0
         self._prefix_hits = 0
         self._prefix_tokens = 0
+        self._drafted = 0
+        self._accepted = 0
         self._last_peers: list[_Seq] = []
+        #: seconds a step of n tokens took (moving average, n <= _TIMED_STEP_TOKENS)
+        self._step_costs: dict[int, float] = {}
+        #: when the step in flight is expected to end (monotonic; under ``_lock``)
+        self._step_ends = 0.0
         self._drop_cache = False
         self._tokenized = KeptPrompts()
+        self._eog: list[int] | None = None
+        #: where the prefix cache outlives the engine (None: it does not)
+        self._store: PrefixStore | None = None
+        if prefix_cache_dir is not None and prefix_cache_disk > 0 and self.cache_entries:
+            try:
+                key = model_key(llama_cpp, self._model.model, path, kv_type)
+            except OSError as exc:
+                logger.warning("%s: the prefix cache stays in memory: %s", self.name, exc)
+            else:
+                self._store = PrefixStore(Path(prefix_cache_dir), prefix_cache_disk, key)
+        self._restored = (0, 0)  # entries, tokens
+        self._saved = (0, 0)  # entries, bytes
+        self._loop_failed = False
+        # Embeddings: a second context on these weights, made at the first request.
+        self._embedder = Embedder(
+            self._model,
+            embedding_info(self._model, pooling, n_ctx),
+            n_threads=self.n_threads_batch,
+            tuner=self._tuner,
+            lock=self._cond,
+            wake=self._room,
+            ended=self._embed_ended,
+        )
+        # Thinking deadlines fire here whether or not the loop is in a step, as a
+        # runtime's request deadlines do (its thread starts with the engine).
+        self._deadlines = DeadlineTimer(name=f"tokenbelt-thinking-{self.name}")
         self._thread = threading.Thread(
             target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
         )
         self._warmed = threading.Event()
+        self._watcher = threading.Thread(
+            target=self._watch_stops, name=f"tokenbelt-stopwatch-{self.name}", daemon=True
+        )
         self._thread.start()
+        self._watcher.start()
         self._warmed.wait()
 
     def _warm_up(self) -> None:
@@ -371,13 +581,16 @@ class BatchEngine:
 
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
-        return prompt_tokens(self._model, self._formatter, request, self.name)
+        options = template_options(self.reasoning, request.sampling.think)
+        return prompt_tokens(self._model, self._formatter, request, self.name, options)
 
-    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+    def count_prompt_tokens(self, request: GenerationRequest | EmbeddingRequest) -> int:
         """Tokenize on the caller's thread and keep the tokens for the loop's admission,
         so the loop (which every running stream waits on) does not template and
-        tokenize the same prompt again."""
-        check_request(self._lib, self._vocab, self._n_vocab, request, self.name)
+        tokenize the same prompt again. An embedding request's inputs are checked."""
+        if isinstance(request, EmbeddingRequest):
+            return check_inputs(request, self._embedder.info)
+        check_request(self._lib, self._vocab, self._n_vocab, request, self.name, self.reasoning)
         tokens = self.tokenize_request(request)
         self.keep_prompt_tokens(request, tokens)
         return len(tokens)
@@ -392,12 +605,45 @@ class BatchEngine:
         kept = self._tokenized.take(request)
         return kept if kept is not None else self.tokenize_request(request)
 
+    # -- embeddings (``_embed.py``) -----------------------------------------------------------
+
+    def embedding_info(self) -> EmbeddingInfo:
+        return self._embedder.info
+
+    def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        return input_tokens(self._model, texts)
+
+    def tokenize_pairs(self, query: str, documents: list[str]) -> list[list[int]]:
+        return pair_tokens(self._model, query, documents)
+
+    def _embed_ended(self) -> None:
+        with self._cond:
+            self._started -= 1
+
+    def _start_embedding(
+        self, request: EmbeddingRequest, producer: Producer[Any], on_exit: OnExit | None
+    ) -> None:
+        job = EmbedJob(request, producer, on_exit or (lambda: None))
+        with self._cond:
+            check_can_start(self._closed, self._started, self.slots, "sequences")
+            self._started += 1
+        producer.start()
+        producer.count_prompt(request.n_tokens)
+        with self._cond:
+            self._embedder.add(job)
+            self._wake = True
+            self._cond.notify()
+        producer.on_cancel(lambda _reason: self._embedder.cancel(job))
+
     # -- requests ----------------------------------------------------------------------------
 
     def start(
         self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
     ) -> None:
         """Hand a request to the loop; never blocks. Raises ``IllegalState`` when full."""
+        if isinstance(request, EmbeddingRequest):
+            self._start_embedding(request, producer, on_exit)
+            return
         seq = _Seq(request, producer, on_exit or (lambda: None))
         with self._cond:
             check_can_start(self._closed, self._started, self.slots, "sequences")
@@ -430,8 +676,11 @@ class BatchEngine:
                 self._started -= 1
             in_flight = self._in_flight
             aborts = seq.id in self._in_flight_prefill or all(s.cancelled for s in in_flight)
-            if in_flight and any(s is seq for s in in_flight) and aborts:
-                self._flag[0] = b"\x01"
+            if in_flight and any(s is seq for s in in_flight):
+                if aborts:
+                    self._flag[0] = b"\x01"
+                else:
+                    self._arm_stop_watch_locked()
             self._wake = True
             self._cond.notify()
         if waiting:
@@ -440,10 +689,64 @@ class BatchEngine:
             finally:
                 seq.producer.release()
 
+    def between_steps(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` on the engine's thread before its next step (at once when
+        it is idle); never blocks. A worker answers its heartbeat this way, so that a
+        loop stuck inside a step is seen to be."""
+        with self._cond:
+            if self._closed:
+                return
+            self._between.append(callback)
+            self._wake = True
+            self._cond.notify()
+
+    def around_sampling(self, wrap: Callable[[], AbstractContextManager[None]]) -> None:
+        """Sample every step inside ``wrap()`` (set before the first request): what the
+        step's sampling puts, ends and releases happens inside it."""
+        self._sampling = wrap
+
     def _room(self) -> None:
         with self._cond:
             self._wake = True
             self._cond.notify()
+
+    def _arm_stop_watch_locked(self) -> None:
+        """A stop landed in the step in flight without aborting it: abort it anyway if
+        it is still running ``stop_abort_after`` seconds from now (under ``_lock``), or
+        at once when this step is expected to run longer than that (waiting first would
+        only make the release later, for the same lost step)."""
+        now = time.monotonic()
+        if self._step_ends - now > self.stop_abort_after:
+            if self._flag[0] == b"\x00":
+                self._flag[0] = b"\x01"
+                self._escalated += 1
+            return
+        if self._abort_by is None:
+            self._abort_by = now + self.stop_abort_after
+            self._watch.notify()
+
+    def _watch_stops(self) -> None:
+        """The stop watch: a step that runs past its bound after a stop is aborted, so
+        one long step never holds a stopped sequence (and no worker is killed for it)."""
+        with self._watch:
+            while not self._closed:
+                due = self._abort_by
+                if due is None:
+                    self._watch.wait()
+                    continue
+                left = due - time.monotonic()
+                if left > 0:
+                    self._watch.wait(left)
+                    continue
+                self._abort_by = None
+                if self._in_flight and self._flag[0] == b"\x00":
+                    self._flag[0] = b"\x01"
+                    self._escalated += 1
+                    logger.debug(
+                        "%s: a step ran %.0f ms past a stop: aborted",
+                        self.name,
+                        self.stop_abort_after * 1000,
+                    )
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -452,6 +755,7 @@ class BatchEngine:
         try:
             try:
                 self._warm_up()
+                self._restore()
             finally:
                 self._warmed.set()
             while self._step_once():
@@ -459,9 +763,11 @@ class BatchEngine:
         except BaseException as exc:  # pragma: no cover - a bug in the loop itself
             logger.exception("the batch loop of %s failed", self.name)
             broken = exc
+            self._loop_failed = True
         finally:
             with self._cond:
                 self._closed = True  # nothing serves the inbox any more: refuse new work
+                self._watch.notify()
             self._drain(broken)
 
     def _step_once(self) -> bool:
@@ -469,9 +775,12 @@ class BatchEngine:
         with self._cond:
             while self._inbox:
                 self._active.append(self._inbox.popleft())
-            if self._closed and not self._active:
+            if self._closed and not self._active and not self._embedder.busy:
                 return False
             drop, self._drop_cache = self._drop_cache, False
+            between, self._between = self._between, []
+        for callback in between:
+            callback()
         if drop:
             for entry in list(self._cache):
                 self._evict(entry)
@@ -482,13 +791,17 @@ class BatchEngine:
             if seq.cancelled or seq.producer.end_reason is not None:
                 self._retire(seq, cache=False)
         rows, n_tokens = self._build()
-        if n_tokens == 0:
-            with self._cond:
-                while not self._wake and not self._inbox and not self._closed:
-                    self._cond.wait()
-                self._wake = False
+        started = time.perf_counter()
+        if n_tokens:
+            self._decode(rows, n_tokens)
+        # At most one embedding ubatch per step, on a time share beside chat work.
+        chat_s = time.perf_counter() - started if n_tokens else None
+        if self._embedder.step(self._embedder.budget(chat_s, self.prefill_chunk)) or n_tokens:
             return True
-        self._decode(rows, n_tokens)
+        with self._cond:
+            while not self._wake and not self._inbox and not self._closed:
+                self._cond.wait()
+            self._wake = False
         return True
 
     def _prepare(self, seq: _Seq) -> bool:
@@ -508,14 +821,104 @@ class BatchEngine:
         seq.tokens = tokens
         seq.n_prompt = len(tokens)
         seq.max_new = min(seq.request.sampling.max_tokens, self.context_length - len(tokens))
+        if self.reasoning is not None and seq.request.messages is not None:
+            self._open_phases(seq)
         return True
+
+    # -- the reasoning phase -----------------------------------------------------------------
+
+    def _open_phases(self, seq: _Seq) -> None:
+        """Split a thinking model's chat reply; its reasoning may open in the prompt."""
+        fmt = self.reasoning
+        assert fmt is not None
+        s = seq.request.sampling
+        opened = fmt.opens_in(self._detokenize(seq.tokens[-8:]))
+        seq.phases = PhaseSplitter(fmt, opened)
+        # A template without a switch is told "no thinking" by a budget of nothing.
+        seq.think_budget = 0 if s.think is False and not fmt.toggle else s.reasoning_budget
+        # Room for a forced end marker within the sequence's cells.
+        room = self.context_length - len(seq.tokens) - len(fmt.end_tokens)
+        seq.max_new = max(1, min(seq.max_new, room))
+        if opened and seq.think_budget == 0:
+            self._end_reasoning(seq, "budget")  # the marker joins the prompt
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        raw = b"".join(self._token_bytes(t, special=True) for t in tokens)
+        return raw.decode("utf-8", "replace")
+
+    def _reasoning_started(self, seq: _Seq) -> None:
+        seq.producer.note_reasoning(0)
+        timeout = seq.request.sampling.reasoning_timeout
+        if timeout is not None:
+            seq.think_until = time.monotonic() + timeout
+            seq.think_timer = _ThinkingDeadline(self, seq)
+            self._deadlines.schedule(seq.think_timer, seq.think_until)
+
+    def _thinking_expired(self, seq: _Seq) -> None:
+        """On the timer's thread, at a thinking deadline: abort the step in flight when it
+        computes only this sequence (the loop then forces the end marker into the next
+        step, ``_build``); a step shared with others runs on, so no one else pays."""
+        with self._cond:
+            if self._in_flight == [seq] and seq.think_until is not None:
+                self._flag[0] = b"\x01"
+            self._wake = True
+            self._cond.notify()
+
+    def _marker_step(self, decoding: int) -> float:
+        """Seconds the step that decodes a forced end marker beside ``decoding - 1`` other
+        decoding sequences is expected to take: measured on this machine (a step of a
+        few tokens costs several one-token steps on a CPU), else estimated per token."""
+        fmt = self.reasoning
+        if fmt is None:
+            return 0.0
+        return self._step_cost(decoding + len(fmt.end_tokens)) or 0.0
+
+    def _end_reasoning(self, seq: _Seq, by: str) -> None:
+        """End the reasoning phase now (``budget``, ``deadline``): the end marker is
+        appended, to be decoded with the next step, and the answer starts after it."""
+        phases, fmt = seq.phases, self.reasoning
+        assert phases is not None
+        assert fmt is not None
+        seq.think_until = None
+        if phases.state != REASONING:
+            return
+        phases.end_now()
+        seq.tokens.extend(fmt.end_tokens)
+        seq.producer.note_reasoning(phases.tokens, by)
+
+    def _split(self, seq: _Seq, phases: PhaseSplitter, token: int, text: str) -> tuple[str, str]:
+        """A thinking model's token: (reasoning, answer) text, and the phase's marks."""
+        text = self._marker_text.get(token, text)
+        was, had = phases.state, phases.opened
+        reasoning, answer = phases.feed(text)
+        if phases.opened and was == ANSWER and not phases.answered:
+            phases.answered = True  # the first token after the end marker: the answer's
+            seq.producer.note_answer()
+        if not phases.opened or was == ANSWER:
+            return reasoning, answer
+        if not had or not phases.tokens:
+            # Opened by the model's marker, or by the prompt: the clock starts at its
+            # first generated token (the prompt's prefill is not thinking).
+            self._reasoning_started(seq)
+        phases.tokens += 1  # the markers are the reasoning's tokens too
+        if phases.state == ANSWER:
+            seq.think_until = None
+            seq.producer.note_reasoning(phases.tokens, "marker")
+        return reasoning, answer
+
+    def _close_phases(self, seq: _Seq) -> None:
+        """A request that ends inside its reasoning: the trace gets the phase's count."""
+        phases = seq.phases
+        if phases is not None and phases.state == REASONING:
+            seq.producer.note_reasoning(phases.tokens)
+            phases.state = ANSWER  # counted once
 
     def _follows(self, seq: _Seq) -> bool:
         """True while another sequence is still computing prompt cells this one can copy:
         the choices of one request (``n``), or the same prompt sent twice, compute their
         shared prompt once. A leader that waits for its reader is not waited for."""
-        if not self.cache_entries:
-            return False  # the prefix cache is off: every prompt is computed
+        if not self.cache_entries or not seq.request.reuse_prefix:
+            return False  # the prefix cache is off (or this request computes its prompt)
         limit = len(seq.tokens) - 1
         for other in self._active:
             if other is seq or other.id < 0 or other.cancelled or other.decoding:
@@ -546,7 +949,12 @@ class BatchEngine:
                 p.fail(exc)
                 self._retire(seq, cache=False)
                 return
-        reuse, source = self._best_prefix(tokens, exclude=seq)
+        drafts = (seq.request.draft or self.draft) == "lookup"
+        if drafts and seq.grammar is None and seq.phases is None:
+            seq.lookup = Lookup()
+        reuse, source = 0, -1  # cache_prompt: false computes the whole prompt
+        if seq.request.reuse_prefix:
+            reuse, source = self._best_prefix(tokens, exclude=seq)
         if reuse > 0 and source >= 0:
             self._lib.llama_memory_seq_cp(self._mem, source, seq.id, 0, reuse)
             seq.n_past = reuse
@@ -625,7 +1033,7 @@ class BatchEngine:
         rows: list[tuple[_Seq, int, int]] = []
         n = 0
 
-        def add(seq: _Seq, k: int) -> None:
+        def add(seq: _Seq, k: int, draft: list[int] | None = None) -> None:
             nonlocal n
             end = seq.n_past + k
             for j, token in enumerate(seq.tokens[seq.n_past : end]):
@@ -639,17 +1047,44 @@ class BatchEngine:
             if end == len(seq.tokens):
                 last = n + k - 1
                 b.logits[last] = 1
-            rows.append((seq, k, last))
-            n += k
+            seq.draft = draft or []
+            for j, token in enumerate(seq.draft):  # every draft row is sampled
+                i = n + k + j
+                b.token[i] = token
+                b.pos[i] = end + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq.id
+                b.logits[i] = 1
+            rows.append((seq, k + len(seq.draft), last))
+            n += k + len(seq.draft)
 
         active = [s for s in self._active if s.id >= 0 and not s.cancelled]
         decoding = [s for s in active if s.decoding]
+        now = time.monotonic()
+        stepping: list[_Seq] = []
         for seq in decoding:
+            if seq.think_until is not None and now + self._marker_step(len(decoding)) >= (
+                seq.think_until
+            ):
+                # Its end marker goes in this step, timed so that the answer's first token
+                # comes out of it at the deadline rather than one long step after it.
+                self._end_reasoning(seq, "deadline")
             if seq.producer.has_room():
-                add(seq, 1)
+                stepping.append(seq)
             else:
                 self._wait_room(seq)
-        budget = (self.prefill_chunk if decoding else self.n_batch) - n
+        for i, seq in enumerate(stepping):
+            # One token, or more when the engine appended some (a forced end marker).
+            k = len(seq.tokens) - seq.n_past
+            draft = None
+            if seq.lookup is not None and k == 1:
+                # Room in the batch for this draft and one token for every sequence after it.
+                spare = self.n_batch - n - k - (len(stepping) - i - 1)
+                draft = self._draft_for(seq, len(stepping), spare)
+            add(seq, k, draft)
+        plain = n - sum(len(seq.draft) for seq in stepping)
+        # Drafts do not take the prompts' share of a step, only the batch's room.
+        budget = min((self.prefill_chunk if decoding else self.n_batch) - plain, self.n_batch - n)
         for seq in active:
             if seq.decoding or budget <= 0:
                 continue
@@ -661,6 +1096,58 @@ class BatchEngine:
             budget -= k
         b.n_tokens = n
         return rows, n
+
+    def _draft_for(self, seq: _Seq, batch: int, spare: int) -> list[int] | None:
+        """The draft to verify with the sequence's pending token in a step of ``batch``
+        decoding sequences: a prompt lookup, as long as it pays (``_draft.py``), within
+        the belt's room, the reply's length and the batch's ``spare`` rows."""
+        lookup = seq.lookup
+        assert lookup is not None
+        lookup.settle(seq.tokens)
+        # Each accepted token and the correction go on the belt in this step.
+        limit = min(
+            self.draft_tokens, seq.max_new - seq.produced - 1, seq.producer.room() - 1, spare
+        )
+        proposal = lookup.propose(seq.tokens, limit)
+        if not proposal:
+            return None
+        length = best_length(lookup.rate, batch, len(proposal), self._step_cost)
+        if length == 0:
+            length = lookup.probe(seq.produced, len(proposal))
+        if length == 0:
+            lookup.shadow(seq.tokens, proposal)  # measured for free: it may pay later
+            return None
+        lookup.drop_shadow()
+        return proposal[:length]
+
+    def _step_cost(self, n: int) -> float | None:
+        """Seconds a step of ``n`` tokens is expected to take: as timed here, else by a
+        straight line through the nearest sizes timed (None: nothing timed yet)."""
+        costs = self._step_costs
+        one = costs.get(1)
+        # No step costs more than its tokens one at a time: a step timed while the machine
+        # stalled would otherwise keep drafts of that size off for good.
+        most = float("inf") if one is None else n * one
+        known = costs.get(n)
+        if known is not None:
+            return min(known, most)
+        sizes = sorted(costs)
+        if not sizes:
+            return None
+        if len(sizes) == 1:
+            # One size timed: each token past the first about half a one-token step.
+            m = sizes[0]
+            return costs[m] * (n + 1) / (m + 1)
+        below = [m for m in sizes if m < n]
+        above = [m for m in sizes if m > n]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif below:
+            lo, hi = sizes[-2], sizes[-1]
+        else:
+            lo, hi = sizes[0], sizes[1]
+        slope = max(0.0, (costs[hi] - costs[lo]) / (hi - lo))
+        return min(most, max(1e-6, costs[lo] + slope * (n - lo)))
 
     def _wait_room(self, seq: _Seq) -> None:
         """Leave a full sequence out; the read that makes room wakes the loop."""
@@ -676,13 +1163,17 @@ class BatchEngine:
             self._flag[0] = b"\x00"
             self._in_flight = [seq for seq, _, _ in rows]
             self._in_flight_prefill = {seq.id for seq, _, _ in rows if not seq.decoding}
+            self._step_ends = time.monotonic() + (self._step_cost(n_tokens) or 0.0)
             for seq in self._in_flight:
                 seq.waiting_room = False
-            if any(s.cancelled for s in self._in_flight) and (
-                all(s.cancelled for s in self._in_flight)
-                or any(s.cancelled and s.id in self._in_flight_prefill for s in self._in_flight)
-            ):
-                self._flag[0] = b"\x01"
+            self._abort_by = None
+            if any(s.cancelled for s in self._in_flight):
+                if all(s.cancelled for s in self._in_flight) or any(
+                    s.cancelled and s.id in self._in_flight_prefill for s in self._in_flight
+                ):
+                    self._flag[0] = b"\x01"
+                else:
+                    self._arm_stop_watch_locked()
         kind = (
             "decode"
             if n_tokens <= self.slots and all(s.decoding for s in self._in_flight)
@@ -694,11 +1185,17 @@ class BatchEngine:
             lib.llama_set_n_threads(self._ctx.ctx, threads, threads)
         started = time.perf_counter()
         ret = lib.llama_decode(self._ctx.ctx, self._batch)
-        if self._tuner is not None and ret == 0:
-            self._tuner.record(kind, threads, time.perf_counter() - started, n_tokens)
+        took = time.perf_counter() - started
+        if ret == 0:
+            if self._tuner is not None:
+                self._tuner.record(kind, threads, took, n_tokens)
+            if n_tokens <= _TIMED_STEP_TOKENS:  # small steps: what a forced marker costs
+                old = self._step_costs.get(n_tokens)
+                self._step_costs[n_tokens] = took if old is None else 0.8 * old + 0.2 * took
         with self._cond:
             self._in_flight = []
             self._in_flight_prefill = set()
+            self._abort_by = None  # this step is over: the stop watch has nothing to abort
         self._steps += 1
         self._seqs_stepped += len(rows)
         self._tokens_stepped += n_tokens
@@ -706,12 +1203,52 @@ class BatchEngine:
             self._recover(rows, ret)
             return
         for seq, k, _ in rows:
-            seq.n_past += k
+            seq.n_past += k - len(seq.draft)  # a draft's cells count once verified
         if len(rows) > 1:
             self._note_peers(rows)
-        for seq, _, row in rows:
-            if row >= 0 and not seq.cancelled:
-                self._sample(seq, row)
+        with self._sampling():
+            for seq, _, row in rows:
+                if row >= 0 and not seq.cancelled:
+                    if seq.draft:
+                        self._verify(seq, row)
+                    else:
+                        self._sample(seq, row)
+                elif seq.draft:
+                    self._drop_draft(seq)
+
+    def _verify(self, seq: _Seq, row: int) -> None:
+        """Sample the pending token's row, then each draft row while the sample equals
+        the draft token: each accepted token's cell is kept, the first sample that
+        differs is the correction (the next pending token), the rest of the draft's
+        cells are removed. Every token is the sampler's own (``_sample``), so its end
+        tokens, stop strings, ``max_tokens`` and belt puts apply to each in turn."""
+        draft = seq.draft
+        lookup = seq.lookup
+        assert lookup is not None
+        # Counted before the walk: a token of it may end the request (and its trace).
+        self._drafted += len(draft)
+        lookup.drafted += len(draft)
+        accepted = 0
+        for i in range(len(draft) + 1):
+            if seq.cancelled or not seq.producer.has_room():
+                break  # the rest is not sampled: its cells go below
+            self._sample(seq, row + i)
+            if seq.id < 0:
+                break  # it ended (an end token, a stop string, its length, a failure)
+            if i == len(draft) or seq.tokens[-1] != draft[i]:
+                break  # the correction, or the token after a draft accepted whole
+            seq.n_past += 1  # the draft token's cell holds what was sampled
+            accepted += 1
+            self._accepted += 1
+            lookup.accepted += 1
+        lookup.observe(accepted, accepted < len(draft))
+        self._drop_draft(seq)
+
+    def _drop_draft(self, seq: _Seq) -> None:
+        """Remove the cells past the sequence's verified tokens (an unaccepted draft)."""
+        seq.draft = []
+        if seq.id >= 0:
+            self._lib.llama_memory_seq_rm(self._mem, seq.id, seq.n_past, -1)
 
     def _note_peers(self, rows: list[tuple[_Seq, int, int]]) -> None:
         """Record in each trace which requests shared a step with it (when that changes)."""
@@ -729,7 +1266,11 @@ class BatchEngine:
         """After an aborted or failed step: every sequence goes on from where its KV ends."""
         self._aborted += 1
         for seq, _, _ in rows:
-            seq.n_past = int(self._lib.llama_memory_seq_pos_max(self._mem, seq.id)) + 1
+            kept = int(self._lib.llama_memory_seq_pos_max(self._mem, seq.id)) + 1
+            # Never past the tokens it holds: a draft's cells are not its tokens.
+            seq.n_past = min(kept, len(seq.tokens))
+            if seq.draft or kept > seq.n_past:
+                self._drop_draft(seq)
         if ret == 2:
             return  # aborted for a stop: the cancelled sequences leave at the next step
         if ret == 1 and self._cache:
@@ -744,7 +1285,9 @@ class BatchEngine:
     def _sample(self, seq: _Seq, row: int) -> None:
         lib = self._lib
         p = seq.producer
-        if seq.grammar is not None:
+        phases = seq.phases
+        # A grammar (a schema, a tool call) shapes the answer: reasoning comes first, free.
+        if seq.grammar is not None and (phases is None or phases.state == ANSWER):
             try:
                 token = seq.grammar.sample(seq.sampler, self._ctx.ctx, row)
             except DecodeError as exc:  # this sequence fails; the others go on
@@ -752,34 +1295,84 @@ class BatchEngine:
                 self._retire(seq, cache=False)
                 return
         else:
-            token = int(lib.llama_sampler_sample(seq.sampler, self._ctx.ctx, row))
+            s = seq.request.sampling
+            if s.ignore_eos or seq.produced < s.min_tokens:
+                token = self._sample_without_end(seq, row)
+            else:
+                token = int(lib.llama_sampler_sample(seq.sampler, self._ctx.ctx, row))
         if lib.llama_vocab_is_eog(self._vocab, token):
-            self._end(seq, self._tail(seq), EndReason.STOP)
+            reasoning, tail = self._tail(seq)
+            self._end(seq, self._parts(tail, reasoning), EndReason.STOP)
             return
         seq.produced += 1
         p.count_token()
         raw = self._token_bytes(token)
-        text, hit = seq.stopper.feed(seq.decoder.decode(raw))
+        text = seq.decoder.decode(raw)
+        reasoning = ""
+        if phases is not None:
+            reasoning, text = self._split(seq, phases, token, text)
+        # Stop strings are the answer's: the reasoning part never reaches them.
+        text, hit = seq.stopper.feed(text)
         if hit:
             seq.producer.trace.stop_sequence = seq.stopper.matched
-            self._end(seq, self._scored(seq, text, token, raw, row), EndReason.STOP)
+            self._end(seq, self._scored(seq, text, token, raw, row, reasoning), EndReason.STOP)
         elif seq.produced >= seq.max_new:
-            text += self._tail(seq)
-            self._end(seq, self._scored(seq, text, token, raw, row), EndReason.LENGTH)
+            more, tail = self._tail(seq)
+            piece = self._scored(seq, text + tail, token, raw, row, reasoning + more)
+            self._end(seq, piece, EndReason.LENGTH)
         else:
             seq.tokens.append(token)
-            self._put(seq, self._scored(seq, text, token, raw, row))
+            if (
+                phases is not None
+                and phases.state == REASONING
+                and seq.think_budget is not None
+                and phases.tokens >= seq.think_budget
+            ):
+                self._end_reasoning(seq, "budget")
+            self._put(seq, self._scored(seq, text, token, raw, row, reasoning))
 
-    def _token_bytes(self, token: int) -> bytes:
-        n = self._lib.llama_token_to_piece(self._vocab, token, self._piece, 256, 0, False)
+    def _end_tokens(self) -> list[int]:
+        """Every end-of-generation token of the vocabulary (found once, when first asked)."""
+        if self._eog is None:
+            lib, vocab = self._lib, self._vocab
+            self._eog = [t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
+        return self._eog
+
+    def _sample_without_end(self, seq: _Seq, row: int) -> int:
+        """Sample with every end token's logit at -inf (``ignore_eos``, ``min_tokens``), as
+        llama.cpp's server bans them; the logits are put back after, so the log-probabilities
+        stay the model's own."""
+        logits = self._lib.llama_get_logits_ith(self._ctx.ctx, row)
+        ends = self._end_tokens()
+        kept = [logits[t] for t in ends]
+        for t in ends:
+            logits[t] = float("-inf")
+        try:
+            return int(self._lib.llama_sampler_sample(seq.sampler, self._ctx.ctx, row))
+        finally:
+            for t, value in zip(ends, kept, strict=True):
+                logits[t] = value
+
+    def _token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        n = self._lib.llama_token_to_piece(self._vocab, token, self._piece, 256, 0, special)
         return self._piece.raw[: max(n, 0)]
 
-    def _scored(self, seq: _Seq, text: str, token: int, raw: bytes, row: int) -> str:
+    @staticmethod
+    def _parts(text: str, reasoning: str) -> str:
+        """A thinking model's text as it goes on the belt: a ``Piece`` when it carries
+        reasoning, else the plain string."""
+        return Piece(text, (), reasoning) if reasoning else text
+
+    def _scored(
+        self, seq: _Seq, text: str, token: int, raw: bytes, row: int, reasoning: str = ""
+    ) -> str:
         """``text`` as it goes on the belt: a ``Piece`` with the token's log-probability
-        when the request asked for them, else the plain string (the cheap path)."""
+        and id when the request asked for them (and its reasoning text, for a thinking
+        model), else the plain string (the cheap path)."""
         s = seq.request.sampling
+        ids = (token,) if s.return_token_ids else ()
         if not s.logprobs:
-            return text
+            return Piece(text, (), reasoning, ids) if reasoning or ids else text
         import numpy as np
 
         pointer = self._lib.llama_get_logits_ith(self._ctx.ctx, row)
@@ -793,15 +1386,20 @@ class BatchEngine:
             best = best[np.argsort(-logprobs[best], kind="stable")]
             top = tuple(self._logprob(int(t), float(logprobs[t])) for t in best)
         chosen = TokenLogprob(raw.decode("utf-8", "replace"), float(logprobs[token]), raw, top)
-        return Piece(text, (chosen,))
+        return Piece(text, (chosen,), reasoning, ids)
 
     def _logprob(self, token: int, logprob: float) -> TokenLogprob:
         raw = self._token_bytes(token)
         return TokenLogprob(raw.decode("utf-8", "replace"), logprob, raw)
 
     @staticmethod
-    def _tail(seq: _Seq) -> str:
-        return held_back(seq.stopper, seq.decoder)
+    def _tail(seq: _Seq) -> tuple[str, str]:
+        """What the reply held back when it ends: (reasoning, answer)."""
+        answer = held_back(seq.stopper, seq.decoder)
+        if seq.phases is None:
+            return "", answer
+        reasoning, more = seq.phases.flush()
+        return reasoning, answer + more
 
     def _put(self, seq: _Seq, text: str) -> bool:
         try:
@@ -811,6 +1409,7 @@ class BatchEngine:
         return True
 
     def _end(self, seq: _Seq, text: str, reason: EndReason) -> None:
+        self._close_phases(seq)
         if self._put(seq, text):
             seq.producer.finish(reason)
         self._retire(seq, cache=reason.is_natural)
@@ -825,7 +1424,13 @@ class BatchEngine:
         if seq.grammar is not None:
             seq.grammar.free()
             seq.grammar = None
+        self._close_phases(seq)
+        seq.think_until = seq.think_timer = None
+        if seq.lookup is not None:
+            seq.producer.count_draft(seq.lookup.drafted, seq.lookup.accepted)
         if seq.id >= 0:
+            if seq.draft or seq.lookup is not None:
+                self._drop_draft(seq)  # a cache entry holds its verified tokens only
             if cache and self.cache_entries and 0 < seq.n_past <= self.cache_tokens:
                 self._keep(seq.id, seq.tokens[: seq.n_past])
             else:
@@ -856,6 +1461,46 @@ class BatchEngine:
         self._cache.remove(entry)
         self._lib.llama_memory_seq_rm(self._mem, entry.id, -1, -1)
         self._free_ids.append(entry.id)
+
+    def _restore(self) -> None:
+        """The loop's first job, after the warm-up: the entries saved at the last close
+        of this model become cache entries (most recently used last, as ``_cache`` is)."""
+        if self._store is None:
+            return
+        restored = self._store.restore(
+            self._lib,
+            self._ctx.ctx,
+            self._mem,
+            self._free_ids.pop,
+            self._free_ids.append,
+            max_entries=self.cache_entries,
+            max_tokens=self.cache_tokens,
+            n_vocab=self._n_vocab,
+        )
+        for entry in reversed(restored):
+            self._cache.append(_CacheEntry(entry.seq_id, entry.tokens))
+        self._restored = (len(restored), sum(len(e.tokens) for e in restored))
+        if restored:
+            logger.info(
+                "%s: %d prefix-cache entries (%d tokens) restored from %s",
+                self.name,
+                *self._restored,
+                self._store.dir,
+            )
+
+    def _save(self) -> None:
+        """At close, with the loop ended: write the cache entries, most recent first."""
+        if self._store is None or self._loop_failed:
+            return
+        entries = [(e.id, e.tokens) for e in reversed(self._cache)]
+        self._saved = self._store.save(self._lib, self._ctx.ctx, entries)
+        if self._saved[0]:
+            logger.info(
+                "%s: %d prefix-cache entries (%d bytes) saved to %s",
+                self.name,
+                *self._saved,
+                self._store.dir,
+            )
 
     def clear_prefix_cache(self) -> None:
         """Drop every prefix-cache entry before the next step (thread-safe, non-blocking).
@@ -893,7 +1538,7 @@ class BatchEngine:
 
     def statistics(self) -> BatchStatistics:
         with self._cond:
-            running = len(self._active) + len(self._inbox)
+            running = len(self._active) + len(self._inbox) + self._embedder.running
         return BatchStatistics(
             slots=self.slots,
             running=running,
@@ -901,10 +1546,17 @@ class BatchEngine:
             sequences_stepped=self._seqs_stepped,
             tokens_stepped=self._tokens_stepped,
             aborted_steps=self._aborted,
+            stop_aborted_steps=self._escalated,
             prefix_hits=self._prefix_hits,
             prefix_cached_tokens=self._prefix_tokens,
             cache_entries=len(self._cache),
             threads=self.threads,
+            restored_entries=self._restored[0],
+            restored_tokens=self._restored[1],
+            saved_entries=self._saved[0],
+            saved_bytes=self._saved[1],
+            draft_tokens=self._drafted,
+            accepted_draft_tokens=self._accepted,
         )
 
     def _drain(self, error: BaseException | None) -> None:
@@ -919,9 +1571,12 @@ class BatchEngine:
             else:
                 seq.producer.cancel(EndReason.SHUTDOWN)
             self._retire(seq, cache=False)
+        self._embedder.drain(error)
 
     def close(self) -> None:
-        """Stop the loop (running requests end ``shutdown``), then free native memory."""
+        """Stop the loop (running requests end ``shutdown``), save the prefix cache (with
+        a ``prefix_cache_dir``: blocks on that write, bounded by ``prefix_cache_disk``),
+        then free native memory."""
         with self._cond:
             if self._closed:
                 return
@@ -930,10 +1585,16 @@ class BatchEngine:
                 seq.cancelled = True
             self._flag[0] = b"\x01"
             self._cond.notify()
+            self._watch.notify()
+        self._embedder.stop_all()
         for seq in list(self._active):
             seq.producer.cancel(EndReason.SHUTDOWN)
         self._thread.join()
+        self._watcher.join()
+        self._embedder.close()
+        self._deadlines.close()
         lib = self._lib
+        self._save()
         for entry in list(self._cache):
             self._evict(entry)
         lib.llama_set_abort_callback(self._ctx.ctx, lib.ggml_abort_callback(), None)

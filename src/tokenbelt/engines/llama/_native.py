@@ -110,9 +110,16 @@ def held_back(stopper: StopMatcher, decoder: codecs.IncrementalDecoder) -> str:
     return stopper.flush()
 
 
-def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: str) -> list[int]:
+def prompt_tokens(
+    model: Any,
+    formatter: Any,
+    request: GenerationRequest,
+    name: str,
+    options: dict[str, Any] | None = None,
+) -> list[int]:
     """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
-    (the GGUF's template), with the request's tools when the template renders them.
+    (the GGUF's template), with the request's tools when the template renders them and
+    ``options`` (template variables: a thinking model's ``enable_thinking``).
     ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
 
     def tokenize(text: str, *, add_bos: bool, special: bool) -> list[int]:
@@ -124,7 +131,7 @@ def prompt_tokens(model: Any, formatter: Any, request: GenerationRequest, name: 
         raise DecodeError(f"{name} has no chat template; send a raw prompt instead")
     tools = json.loads(request.tools) if request.tools and template_tools(formatter) else None
     try:
-        result = formatter(messages=list(request.messages or ()), tools=tools)
+        result = formatter(messages=list(request.messages or ()), tools=tools, **(options or {}))
     except Exception as exc:
         raise DecodeError(f"the chat template failed: {exc}") from exc
     return tokenize(result.prompt, add_bos=not result.added_special, special=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from ..._errors import InvalidArgument
+from ...belt import check
 
 
 def usable_cores() -> int:
@@ -50,13 +50,7 @@ def check_threads(name: str, value: int | None) -> int | None:
     """
     if value is None:
         return None
-    limit = 4 * (os.cpu_count() or 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-        raise InvalidArgument(
-            f"{name} must be an integer from 1 to {limit} (4 x the {os.cpu_count()} CPUs "
-            f"here), got {value!r}"
-        )
-    return value
+    return int(check("threads", value, label=name))
 
 
 def system_load() -> float | None:

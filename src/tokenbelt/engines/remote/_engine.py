@@ -18,6 +18,13 @@ Each request is one task that
   tokenbelt upstream the engine then fetches that request's own trace (same request
   id, passed in ``x-request-id``) and keeps it in ``trace.upstream``: the front's
   release comes after the upstream's (or after ``UPSTREAM_RELEASE_WAIT_S``);
+- says in ``trace.upstream["release"]`` what it knows of the upstream's end, and never
+  claims more: ``finished`` (the upstream's stream reached its own end), ``confirmed``
+  (stopped here, and a tokenbelt upstream's trace says it released the request),
+  ``unconfirmed`` (stopped here and the connection closed, but the upstream cannot say
+  whether it stopped generating: llama.cpp's and llama-cpp-python's servers, vLLM and
+  Ollama offer no per-request stop or release record, so closing the connection is all a
+  front can do), ``upstream_ended`` (it failed or broke off);
 - retries on another upstream when one refuses, answers 5xx or breaks off, but only
   while no token has reached the belt.
 
@@ -44,7 +51,7 @@ from typing import Any
 
 import aiohttp
 
-from ..._errors import Cancelled, UpstreamError, UpstreamUnavailable
+from ..._errors import Cancelled, InvalidArgument, UpstreamError, UpstreamUnavailable
 from ...belt import EndReason, Producer
 from .._base import OnExit, check_can_start, run_to_end
 from .._request import GenerationRequest, refuse, refuse_grammar
@@ -131,6 +138,7 @@ class RemoteEngine:
     #: the upstream applies its own template: tools are described in the messages
     template_tools = False
     tool_format = "tokenbelt"
+    reasoning = None
 
     def __init__(
         self,
@@ -152,6 +160,8 @@ class RemoteEngine:
         self._closed = False
         self._loop = _new_loop()
         self._health: asyncio.Task[None] | None = None
+        #: health-check rounds that failed (logged; the next round ran)
+        self.health_failures = 0
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"tokenbelt-remote-{name}", daemon=True
         )
@@ -167,8 +177,31 @@ class RemoteEngine:
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """An estimate (the upstream's usage replaces it); a prompt too long for the
         upstream's context comes back as the upstream's own 400."""
-        refuse(request.sampling, "remote", "logprobs")
+        refuse(
+            request.sampling,
+            "remote",
+            "logprobs",
+            "ignore_eos",
+            "min_tokens",
+            "return_token_ids",
+            "reasoning_budget",
+            "reasoning_timeout",
+        )
+        if request.sampling.think not in (None, False):  # false asks nothing of it
+            raise InvalidArgument("think is not supported by the remote engine", param="think")
         refuse_grammar(request, "a remote engine")
+        if not request.reuse_prefix:
+            raise InvalidArgument(
+                "cache_prompt: false is not supported by the remote engine: the upstream "
+                "decides what it caches",
+                param="cache_prompt",
+            )
+        if request.draft == "lookup":
+            raise InvalidArgument(
+                "draft: lookup is not supported by the remote engine: the upstream decides "
+                "how it decodes",
+                param="draft",
+            )
         if request.prompt is not None:
             return estimate_tokens(request.prompt)
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))
@@ -219,6 +252,7 @@ class RemoteEngine:
             await asyncio.wait({job.fetch})
             self._record_end(job, job.fetch)
             await self._fetch_upstream_trace(job)
+            _record_release(job)
         except BaseException:
             # This task itself was cancelled (the loop shuts down): the request too.
             if job.fetch is not None:
@@ -538,8 +572,15 @@ class RemoteEngine:
         return True
 
     async def _check_health(self, interval: float) -> None:
+        """Check every upstream each ``interval`` seconds until cancelled. A round that
+        fails is logged and counted (``health_failures``) and the next one runs: a task
+        that ended would leave an ejected upstream out for ever, silently."""
         while True:
-            await asyncio.gather(*(self.check(s) for s in self.pool.states))
+            try:
+                await asyncio.gather(*(self.check(s) for s in self.pool.states))
+            except Exception:
+                self.health_failures += 1
+                logger.exception("a health check of %s failed; the checks go on", self.name)
             await asyncio.sleep(interval)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -569,3 +610,20 @@ class RemoteEngine:
             self._thread.join()
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()
+
+
+def _record_release(job: _Job) -> None:
+    """``trace.upstream["release"]``: what the front knows of the upstream's end (see the
+    module's docstring); nothing when no upstream answered."""
+    trace = job.producer.trace
+    info, fetch = trace.upstream, job.fetch
+    if info is None or fetch is None:
+        return
+    error = None if fetch.cancelled() else fetch.exception()
+    if not fetch.cancelled() and not isinstance(error, Cancelled):  # not stopped here
+        release = "finished" if error is None else "upstream_ended"
+    elif info.get("trace", {}).get("timeline_ms", {}).get("released") is not None:
+        release = "confirmed"
+    else:
+        release = "unconfirmed"
+    trace.upstream = {**info, "release": release}

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..._errors import InvalidArgument, UpstreamUnavailable
+from ...belt import check
 from .._statistics import UpstreamStatistics
 
 logger = logging.getLogger("tokenbelt.engines.remote")
@@ -58,9 +59,7 @@ class Upstream:
         object.__setattr__(self, "url", url)
         if not isinstance(self.model, str) or not self.model:
             raise InvalidArgument("an upstream needs the name of its model")
-        limit = self.max_concurrency
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument(f"max_concurrency must be an integer >= 1, got {limit!r}")
+        check("upstream_concurrency", self.max_concurrency, label="max_concurrency")
         object.__setattr__(self, "headers", dict(self.headers))
 
 

@@ -16,11 +16,13 @@ engine is never more than the belt's capacity ahead of the reader.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
@@ -39,33 +41,75 @@ from ._messages import (
     Item,
     Load,
     LoadError,
+    Ping,
+    Pong,
     Prompt,
     Ready,
+    Reasoning,
     Release,
     Start,
     ToParent,
     ToWorker,
     decode,
     encode,
+    step_of,
 )
 
 #: a test-only crash point, set by the parent for its first worker: "prefill" or "decode"
-ABORT_POINTS = ("prefill", "decode")
+#: (a native abort there), or "slow_stop" (the step in flight when a stop comes runs long)
+ABORT_POINTS = ("prefill", "decode", "slow_stop")
+#: "slow_stop": seconds each graph node of the step takes, and at most this many nodes
+#: (about 2.5 s for a step of the default model, which has about 600)
+_SLOW_NODE_S = 0.004
+_SLOW_NODES = 1000
 
 
 class _Link:
-    """This end of the pipe: one lock, so messages from several threads stay whole."""
+    """This end of the pipe: one lock, so messages from several threads stay whole.
+
+    While the engine samples a step (``held``), what its loop sends waits and goes as one
+    ``Step`` frame at the step's end; a message another thread sends meanwhile first
+    writes what waits, so the order of the sends is the order on the pipe.
+    """
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._lock = threading.Lock()
         #: the engine's counters, sent with each release for the parent's metrics
         self.stats: Callable[[], BatchStatistics] | None = None
+        self._held: list[tuple[Any, ...]] = []
+        self._holder: int | None = None  # the thread whose sends wait, while it samples
 
     def send(self, message: ToParent) -> None:
+        wire = encode(message)
+        with self._lock:
+            if self._holder == threading.get_ident():
+                self._held.append(wire)
+                return
+            self._write_held_locked()
+            self._write_locked(wire)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """What this thread sends inside goes as one frame when it leaves."""
+        with self._lock:
+            self._holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holder = None
+                self._write_held_locked()
+
+    def _write_held_locked(self) -> None:
+        if self._held:
+            wires, self._held = self._held, []
+            self._write_locked(step_of(wires))
+
+    def _write_locked(self, wire: tuple[Any, ...]) -> None:
         # The parent is gone when this fails: the reader sees the end and exits.
-        with self._lock, contextlib.suppress(OSError):
-            self.conn.send(encode(message))
+        with contextlib.suppress(OSError):
+            self.conn.send(wire)
 
 
 class _Forward(Producer[Any]):
@@ -150,8 +194,11 @@ class _Forward(Producer[Any]):
     # -- the producer contract ---------------------------------------------------------------
 
     def has_room(self) -> bool:
+        return self.room() > 0
+
+    def room(self) -> int:
         with self._cond:
-            return self._reason is None and self._credit > 0
+            return 0 if self._reason is not None else max(0, self._credit)
 
     def on_room(self, callback: Callable[[], None]) -> bool:
         with self._cond:
@@ -238,7 +285,8 @@ class _Forward(Producer[Any]):
         # Set at release so that the parent's trace lists every batch this one was in.
         peers = sorted(self._trace.batched_with)
         stats = self._link.stats() if self._link.stats is not None else None
-        self._link.send(Release(self.rid, peers, stats))
+        t = self._trace
+        self._link.send(Release(self.rid, peers, stats, t.draft_tokens, t.accepted_draft_tokens))
 
     def count_prompt(self, tokens: int) -> None:
         self._link.send(Prompt(self.rid, tokens))
@@ -248,31 +296,53 @@ class _Forward(Producer[Any]):
     def count_cached(self, tokens: int) -> None:
         self._link.send(Cached(self.rid, tokens))
 
+    def count_draft(self, drafted: int, accepted: int) -> None:
+        # Sent with the release: the engine counts them once, as it lets go.
+        self._trace.draft_tokens, self._trace.accepted_draft_tokens = drafted, accepted
+
+    def note_reasoning(self, tokens: int, ended_by: str | None = None) -> None:
+        self._link.send(Reasoning(self.rid, time.monotonic(), tokens, ended_by))
+
+    def note_answer(self) -> None:
+        self._link.send(Reasoning(self.rid, time.monotonic(), 0, None, answer=True))
+
     def count_token(self) -> None:
         with self._cond:
             self._tokens += 1
 
 
 class _Crash:
-    """Test-only: a real native ``abort()`` inside the next ``llama_decode`` once armed.
+    """Test-only: a real native ``abort()`` inside the next ``llama_decode`` once armed,
+    or (``slow_stop``) a long step.
 
     llama.cpp calls the engine's abort hook between graph nodes; this hook stands in for
     it (it still reads the engine's stop flag) and, once armed at its point (a prompt
     about to be computed, or a token produced), aborts the process from inside the step.
+    Armed by a stop, ``slow_stop`` makes each node of the step in flight take
+    ``_SLOW_NODE_S`` until the step is aborted (or ``_SLOW_NODES`` passed): the step a
+    stop lands in runs for seconds, as steps do on a machine whose cores are busy.
     """
 
     def __init__(self, engine: BatchEngine, point: str) -> None:
         self.point = point
         self._armed = False
+        self._nodes = 0
         engine.wrap_abort_hook(self._hook)
 
     def _hook(self, stopped: bool) -> bool:
         if self._armed:
-            os.abort()
+            if self.point != "slow_stop":
+                os.abort()
+            self._nodes += 1
+            if stopped or self._nodes > _SLOW_NODES:
+                self._armed = False
+            else:
+                time.sleep(_SLOW_NODE_S)
         return stopped
 
     def arm(self, point: str) -> None:
         if point == self.point:
+            self._nodes = 0
             self._armed = True
 
 
@@ -298,10 +368,16 @@ class _Worker:
                         found.grant(n)
                 case Cancel(rid, reason):
                     found = self.requests.pop(rid, None)
+                    if self.crash is not None:
+                        self.crash.arm("slow_stop")
                     if found is not None:
                         found.stop(reason)
                 case Start():
                     self._start(message)
+                case Ping(n):
+                    # Answered by the engine's loop between two steps: a loop stuck in a
+                    # step (or a frozen process) answers nothing.
+                    self.engine.between_steps(functools.partial(self.link.send, Pong(n)))
                 case Close():
                     return
 
@@ -354,6 +430,7 @@ def main(argv: list[str]) -> int:
     crash = _Crash(engine, load.crash_point) if load.crash_point in ABORT_POINTS else None
     worker = _Worker(link, engine, crash)
     link.stats = engine.statistics
+    engine.around_sampling(link.held)
     link.send(Ready(_info(engine)))
     try:
         worker.serve()

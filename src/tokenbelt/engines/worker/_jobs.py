@@ -14,6 +14,7 @@ class Job:
     """A request started on a ``WorkerEngine``: sent to a worker, or waiting for one."""
 
     __slots__ = (
+        "admitted",
         "capacity",
         "granted",
         "on_exit",
@@ -43,6 +44,14 @@ class Job:
         self.stop_by: float | None = None
         #: the worker process it was sent to (None while it waits for one)
         self.worker: Process | None = None
+        #: the worker's engine admitted it (before that, a crash sends it to the next one)
+        self.admitted = False
+
+    def unsent(self) -> None:
+        """Back to waiting for a worker: its worker died before admitting it."""
+        self.worker = None
+        self.granted = self.capacity
+        self.received = 0
 
     def credit_due(self) -> tuple[int, bool]:
         """The room the reader made since the last grant, and whether the worker is out

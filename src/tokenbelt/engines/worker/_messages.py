@@ -9,9 +9,13 @@ fields), which ``decode`` turns back into the record: a pickled dataclass costs 
 ten times a tuple, and an ``Item`` crosses the pipe for every token.
 
 Parent to worker: ``Load`` (the first message, once), then ``Start``, ``Cancel``,
-``Credit`` and ``Close``. Worker to parent: ``Ready`` or ``LoadError`` (once), then per
-request ``Admit``, ``Prompt``, ``Cached``, ``Item``\\ s, one end (``Finish``, ``Fail``
-or ``Cancel``) and ``Release``.
+``Credit``, ``Ping`` (the heartbeat) and ``Close``. Worker to parent: ``Ready`` or
+``LoadError`` (once), ``Pong`` (the heartbeat's answer, between two steps), then per
+request ``Admit``, ``Prompt``, ``Cached``, ``Item``\\ s (and a thinking model's
+``Reasoning`` marks), one end (``Finish``, ``Fail`` or ``Cancel``) and ``Release``.
+What one decode step made for all its requests (each one's item, an end, a release)
+crosses as one ``Step`` frame: one write, one read and one wake-up of the parent per
+step rather than per token (``messages`` unpacks any frame into its messages).
 
 Backpressure is credits: the worker may send as many ``Item``\\ s for a request as the
 parent granted (the belt's capacity at ``Start``, then each ``Credit``). Completion
@@ -68,6 +72,13 @@ class Credit:
 @dataclass(frozen=True, slots=True)
 class Close:
     """Exit: close the engine and the pipe."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """The heartbeat: answer ``Pong(n)`` between two steps of the engine's loop."""
+
+    n: int
 
 
 # -- both ways ----------------------------------------------------------------------------
@@ -133,6 +144,19 @@ class Item:
 
 
 @dataclass(frozen=True, slots=True)
+class Reasoning:
+    """The request's reasoning phase: started (first), its token count, what ended it;
+    ``answer``: the first answer token after it was sampled (then the rest is unused)."""
+
+    rid: int
+    #: when, on the monotonic clock the two processes share
+    at: float
+    tokens: int
+    ended_by: str | None
+    answer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """A natural end (``stop``/``length``)."""
 
@@ -160,18 +184,38 @@ class Release:
     batched_with: list[str]
     #: the worker engine's counters at the release, for the parent's metrics
     statistics: BatchStatistics | None
+    #: tokens drafted and verified for the request, and those accepted
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Several messages in one frame, in the order they were sent (a decode step's)."""
+
+    messages: tuple[ToParent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The heartbeat's answer: the engine's loop was between two steps."""
+
+    n: int
 
 
 #: what the parent sends
-ToWorker = Load | Start | Cancel | Credit | Close
+ToWorker = Load | Start | Cancel | Credit | Close | Ping
 #: what the worker sends
-ToParent = Ready | LoadError | Admit | Prompt | Cached | Item | Finish | Fail | Cancel | Release
+ToParent = (
+    Ready | LoadError | Admit | Prompt | Cached | Item | Reasoning
+    | Finish | Fail | Cancel | Release | Pong
+)  # fmt: skip
 
 
 #: every kind, numbered by its place here (the number goes on the pipe)
 _KINDS: tuple[type[Any], ...] = (
     Load, Start, Credit, Close, Cancel, Ready, LoadError, Admit, Prompt, Cached, Item,
-    Finish, Fail, Release,
+    Finish, Fail, Release, Reasoning, Ping, Pong, Step,
 )  # fmt: skip
 _CODES = {kind: code for code, kind in enumerate(_KINDS)}
 
@@ -189,15 +233,36 @@ def _getter(kind: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
 _GETTERS = {kind: _getter(kind) for kind in _KINDS}
 
 
-def encode(message: ToWorker | ToParent) -> tuple[Any, ...]:
-    """``message`` as the tuple that is pickled: its kind's number, then its fields."""
+_STEP = _CODES[Step]
+
+
+def encode(message: ToWorker | ToParent | Step) -> tuple[Any, ...]:
+    """``message`` as the tuple that is pickled: its kind's number, then its fields (a
+    ``Step``'s messages each as its own tuple)."""
     kind = type(message)
+    if kind is Step:
+        return (_STEP, [encode(m) for m in cast(Step, message).messages])
     return (_CODES[kind], *_GETTERS[kind](message))
 
 
-def decode(wire: tuple[Any, ...]) -> ToWorker | ToParent:
+def step_of(wires: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The wire form of a ``Step`` of messages already encoded (the worker encodes each
+    as it is sent, then frames a step's at its end)."""
+    return wires[0] if len(wires) == 1 else (_STEP, wires)
+
+
+def decode(wire: tuple[Any, ...]) -> ToWorker | ToParent | Step:
     """The record ``encode`` made ``wire`` from."""
+    if wire[0] == _STEP:
+        return Step(tuple(cast(ToParent, decode(w)) for w in wire[1]))
     return cast("ToWorker | ToParent", _KINDS[wire[0]](*wire[1:]))
+
+
+def messages(wire: tuple[Any, ...]) -> list[ToParent]:
+    """What a frame from the worker holds: its one message, or a step's, in order."""
+    if wire[0] == _STEP:
+        return [cast(ToParent, decode(w)) for w in wire[1]]
+    return [cast(ToParent, decode(wire))]
 
 
 def frame(message: ToWorker | ToParent) -> bytes:

@@ -16,7 +16,8 @@ admission, deadlines, traces, metrics and the belts; across the pipe go:
   release, and the release-lag alert fires;
 - **crashes**: when the worker dies (a signal, an exit), every request it held ends
   ``runtime_error`` with ``WorkerCrashed`` naming the cause and is released; requests
-  not yet sent to a worker stay where they are, and a new worker starts (at once after
+  it had not admitted yet, and those not yet sent to a worker, wait for the next worker
+  (their deadlines still apply), and a new worker starts (at once after
   a first crash, then with a growing backoff). Workers that die before they are ready
   ``max_load_crashes`` times in a row mark the engine failed: requests then end at once
   with the reason.
@@ -34,6 +35,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,12 @@ from ..._errors import (
     ModelLoadError,
     WorkerCrashed,
 )
-from ...belt import EndReason, Producer, check_duration
+from ...belt import EndReason, Producer, check_capacity, check_duration
 from .._base import OnExit, run_to_end
+from .._embedding import EmbeddingInfo, EmbeddingRequest
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
-from ..llama import check_fits, check_gguf_file
+from ..llama import check_fits, check_gguf_file, check_inputs, check_pooling
 from . import _messages as msg
 from ._jobs import Job
 from ._process import EXIT_WAIT_S, Process, describe_exit, spawn
@@ -65,6 +68,12 @@ DEFAULT_STOP_GRACE = 3.0
 _BACKOFF = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: a crash this long after the previous one starts the backoff again
 _CALM_S = 30.0
+#: seconds a failed engine thread waits before it starts again
+_RESTART_PAUSE_S = 0.05
+#: seconds between two heartbeats (a ``Ping`` the worker's loop answers between steps)
+HEARTBEAT_S = 1.0
+#: a worker that has answered no heartbeat for this long is not ready (``/health``)
+HEARTBEAT_BOUND_S = 5.0
 
 
 class WorkerEngine:
@@ -91,9 +100,10 @@ class WorkerEngine:
         **options: Any,
     ) -> None:
         path = check_gguf_file(model_path)
+        check_pooling(options.get("pooling"), path)
         self.model_path = path
         self.name = name or path.stem
-        self.slots = max(1, slots)
+        self.slots = check_capacity(slots, name="slots")  # llama.cpp's sequence limit
         self.context_length = n_ctx
         grace = check_duration("stop_grace", stop_grace, allow_zero=False)
         if grace is None:
@@ -120,11 +130,19 @@ class WorkerEngine:
         self._restart_at: float | None = None
         self._stats: BatchStatistics | None = None
         self._numbers = itertools.count(1)
+        self._pings = itertools.count(1)
+        self._thread_failures = 0
+        self._next_ping = 0.0
         self._current: Process
-        self._prompts = PromptTokens(self.model_path, self.name)
+        self._prompts = PromptTokens(
+            self.model_path, self.name, reasoning=bool(options.get("reasoning", True))
+        )
+        self._embedding: EmbeddingInfo | None = None
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = self._prompts.template_tools
         self.tool_format = self._prompts.tool_format
+        #: a thinking model's reasoning markers (as the worker's ``BatchEngine`` has them)
+        self.reasoning = self._prompts.reasoning
         crash_point = os.environ.get(ABORT_ENV) or None
         try:
             first = self._spawn(crash_point)
@@ -133,10 +151,12 @@ class WorkerEngine:
             raise
         # Three threads serve every worker this engine starts, one after another: the
         # reader, the sender (the one place that writes to the pipe; it may block) and
-        # the supervisor (grace kills, restarts).
+        # the supervisor (grace kills, restarts, the heartbeat).
         self._threads = [
             threading.Thread(
-                target=target, name=f"tokenbelt-worker-{role}-{self.name}", daemon=True
+                target=functools.partial(self._keep_running, role, target),
+                name=f"tokenbelt-worker-{role}-{self.name}",
+                daemon=True,
             )
             for role, target in (
                 ("read", self._reader),
@@ -165,14 +185,29 @@ class WorkerEngine:
         """The prompt tokens for a request, as the worker's engine makes them."""
         return self._prompts.tokenize(request)
 
-    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+    def count_prompt_tokens(self, request: GenerationRequest | EmbeddingRequest) -> int:
         """Check and tokenize in this process (vocabulary only), so a bad request never
         reaches the worker; raises ``InvalidArgument`` or ``PromptTooLong``."""
+        if isinstance(request, EmbeddingRequest):
+            return check_inputs(request, self.embedding_info())
         self._prompts.check(request)
         tokens = self.tokenize_request(request)
         check_fits(len(tokens), self.context_length)
         self._prompts.keep(request, tokens)
         return len(tokens)
+
+    def embedding_info(self) -> EmbeddingInfo:
+        """The model's embeddings as the worker's engine makes them (from the metadata)."""
+        if self._embedding is None:
+            pooling = self._options.get("pooling")
+            self._embedding = self._prompts.embedding_info(pooling, self.context_length)
+        return self._embedding
+
+    def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        return self._prompts.inputs(texts)
+
+    def tokenize_pairs(self, query: str, documents: list[str]) -> list[list[int]]:
+        return self._prompts.pairs(query, documents)
 
     # -- worker processes --------------------------------------------------------------------
 
@@ -201,6 +236,24 @@ class WorkerEngine:
             self._cond.wait_for(lambda: self._closed or self._current is not w)
             return None if self._current is w else self._current
 
+    def _keep_running(self, role: str, target: Callable[[], None]) -> None:
+        """Run ``target`` until it returns; one that fails is logged, counted
+        (``thread_failures``) and started again after a short pause (one that fails each
+        time does not spin), never left dead in silence: without the reader no reply
+        arrives and no crash is seen, without the sender nothing reaches the worker,
+        without the supervisor no stop is bounded and no heartbeat is sent."""
+        while True:
+            try:
+                target()
+                return
+            except Exception:
+                with self._lock:
+                    self._thread_failures += 1
+                logger.exception("the %s thread of %s failed; it starts again", role, self.name)
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._closed, _RESTART_PAUSE_S):
+                        return
+
     def _sender(self) -> None:
         w: Process | None = self._current
         while w is not None:
@@ -210,7 +263,10 @@ class WorkerEngine:
     def _reader(self) -> None:
         w: Process | None = self._current
         while w is not None:
-            self._read(w)
+            # A reader started again after a failure goes on with the current worker,
+            # unless that one's end was already seen (then it waits for the next).
+            if not w.done:
+                self._read(w)
             w = self._next(w)
 
     def _send(self, w: Process) -> None:
@@ -219,7 +275,8 @@ class WorkerEngine:
 
     def _read(self, w: Process) -> None:
         """Apply ``w``'s messages; when it ends, end the requests it held."""
-        self._gone(w, w.read(functools.partial(self._handle, w)))
+        code = w.read(functools.partial(self._handle, w))
+        self._gone(w, code)
 
     def _handle(self, w: Process, message: msg.ToParent) -> None:
         match message:
@@ -228,6 +285,9 @@ class WorkerEngine:
                 return
             case msg.LoadError(error):
                 w.load_error = error
+                return
+            case msg.Pong():
+                w.answered_at = time.monotonic()
                 return
         job = self._jobs.get(message.rid)
         if job is None or job.worker is not w:
@@ -244,11 +304,16 @@ class WorkerEngine:
                 job.received += 1
                 self._grant(job)
             case msg.Admit():
+                job.admitted = True
                 p.start()
             case msg.Prompt(_, n):
                 p.count_prompt(n)
             case msg.Cached(_, n):
                 p.count_cached(n)
+            case msg.Reasoning(_, at, _, _, True):
+                p.trace.mark_answer(at)
+            case msg.Reasoning(_, at, tokens, ended_by):
+                p.trace.mark_reasoning(tokens, ended_by, at)
             case msg.Finish(_, reason, tokens, stop_sequence):
                 for _ in range(tokens):
                     p.count_token()
@@ -261,8 +326,9 @@ class WorkerEngine:
                 p.fail(DecodeError(error))
             case msg.Cancel(_, reason):
                 p.cancel(reason)
-            case msg.Release(_, batched_with, statistics):
+            case msg.Release(_, batched_with, statistics, drafted, accepted):
                 p.trace.batched_with.update(batched_with)
+                p.count_draft(drafted, accepted)
                 if statistics is not None:
                     self._stats = statistics
                 self._release(job)
@@ -271,11 +337,14 @@ class WorkerEngine:
         with self._lock:
             w.info = info
             w.became_ready = True
+            w.answered_at = time.monotonic()
             w.load_by = None
             self._load_crashes = 0
             if self._closed or w is not self._current:
                 return
             self._state = WorkerState.READY
+            self._next_ping = 0.0
+            self._cond.notify_all()  # the supervisor starts the heartbeat
             pending, self._pending = self._pending, []
             for job in pending:
                 self._send_start(job, w)
@@ -298,6 +367,13 @@ class WorkerEngine:
             held = [job for job in self._jobs.values() if job.worker is w]
             expected = self._closed and w.cause is None
             if not expected:
+                # What it had not admitted yet waits for the next worker, ahead of what
+                # came later (its deadlines still run); only what it ran ends here.
+                waiting = [j for j in held if not j.admitted and j.stop_by is None]
+                for job in waiting:
+                    job.unsent()
+                self._pending[:0] = waiting
+                held = [j for j in held if j.worker is w]
                 self._crashed_locked(w, cause)
             self._cond.notify_all()
         with w.cond:
@@ -438,9 +514,15 @@ class WorkerEngine:
                 restart = self._restart_at is not None and self._restart_at <= now
                 if restart:
                     self._restart_at = None
+                beating = self._state is WorkerState.READY and not w.done
+                if beating and self._next_ping <= now:
+                    self._next_ping = now + HEARTBEAT_S
+                    w.post(msg.Ping(next(self._pings)))
                 if not (late or doomed or slow_load or restart):
                     times = [j.stop_by for j in self._jobs.values() if j.stop_by is not None]
                     times += [t for t in (self._restart_at, w.load_by) if t is not None]
+                    if beating:
+                        times.append(self._next_ping)
                     self._cond.wait(max(0.0, min(times) - now) if times else None)
                     continue
             for job, error in doomed:
@@ -496,6 +578,9 @@ class WorkerEngine:
     def worker_statistics(self) -> WorkerStatistics:
         w = self._current
         running = not w.done and not self._closed
+        silent = None
+        if running and self._state is WorkerState.READY and w.answered_at is not None:
+            silent = time.monotonic() - w.answered_at
         return WorkerStatistics(
             state=self._state.value,
             pid=w.pid if running else None,
@@ -503,6 +588,10 @@ class WorkerEngine:
             last_crash=self._last_crash,
             rss_bytes=w.rss() if running else None,
             failure=self._failure,
+            thread_failures=self._thread_failures,
+            unresponsive_s=(
+                round(silent, 3) if silent is not None and silent > HEARTBEAT_BOUND_S else None
+            ),
         )
 
     @property

@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ..._errors import LoadTimeout, ModelLoadError
-from ._messages import Load, ToParent, ToWorker, decode, frame
+from ._messages import Load, ToParent, ToWorker, frame, messages
 
 logger = logging.getLogger("tokenbelt.engines.worker")
 
@@ -78,6 +78,8 @@ class Process:
         self.load_by: float | None = None
         #: killed for taking longer than the load timeout
         self.load_expired = False
+        #: when its engine last answered a heartbeat (or became ready), monotonic
+        self.answered_at: float | None = None
 
     def post(self, message: ToWorker) -> None:
         """Send a message, or queue it for the sender thread; never blocks (safe under a
@@ -170,18 +172,14 @@ class Process:
         try:
             while True:
                 try:
-                    message = cast(ToParent, decode(self.conn.recv()))
+                    received = messages(self.conn.recv())
                 except (EOFError, OSError):
                     break
                 except Exception as exc:  # an item that does not unpickle here
                     logger.error("engine worker %s sent what cannot be read: %s", self.pid, exc)
                     self.kill(f"engine worker sent a message that could not be read: {exc}")
                     break
-                try:
-                    handle(message)
-                except Exception as exc:  # a message that makes no sense here
-                    logger.exception("engine worker %s: cannot apply %r", self.pid, message)
-                    self.kill(f"engine worker killed: it sent a message that failed here: {exc}")
+                if not self._apply(handle, received):
                     break
         finally:
             try:
@@ -191,6 +189,18 @@ class Process:
                 code = self.popen.wait()
             self.close_pipe()
         return code
+
+    def _apply(self, handle: Callable[[ToParent], None], received: list[ToParent]) -> bool:
+        """Hand a frame's messages to ``handle`` in order; False (and the worker killed)
+        when one makes no sense here."""
+        for message in received:
+            try:
+                handle(message)
+            except Exception as exc:
+                logger.exception("engine worker %s: cannot apply %r", self.pid, message)
+                self.kill(f"engine worker killed: it sent a message that failed here: {exc}")
+                return False
+        return True
 
 
 def spawn(number: int, load: Load) -> Process:

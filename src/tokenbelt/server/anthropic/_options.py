@@ -1,9 +1,10 @@
-"""``thinking``, ``context_management`` and ``output_config``: taken where they ask nothing.
+"""``thinking``, ``context_management`` and ``output_config``: taken where they can be kept.
 
-Claude Code sends all three on every request. No model tokenbelt serves has a thinking
-phase, so a value that amounts to "no thinking" is what happens anyway and is accepted;
-a value that would need one, or would make the reply or the prompt other than this
-server makes it, is refused by name (``UnsupportedParameter``, a 400), never ignored.
+Claude Code sends all three on every request. ``thinking`` maps onto a thinking model's
+reasoning phase (``enabled`` with ``budget_tokens``: tokenbelt's reasoning budget;
+``disabled``: no reasoning); asking a model without one to think is refused by the engine.
+A value that would make the reply or the prompt other than this server makes it is
+refused by name (``UnsupportedParameter``, a 400), never ignored.
 """
 
 from __future__ import annotations
@@ -12,44 +13,48 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core import UnsupportedParameter
-
-_NO_THINKING = "no model tokenbelt serves has a thinking phase"
+from ..core import UnsupportedParameter, ranges
 
 
 class Thinking(BaseModel):
-    """``thinking``: ``disabled`` and ``adaptive`` are accepted, ``enabled`` is refused."""
+    """``thinking``: a thinking model's reasoning phase, on, off or the model's way."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["enabled", "adaptive", "disabled"] = Field(
         description=(
-            "disabled: no thinking, as always here. adaptive lets the model decide "
-            "whether to think; a model with no thinking phase never does, so it is "
-            "accepted and is the same as disabled. enabled (with budget_tokens) asks for "
-            "a thinking phase and is refused"
+            "enabled: a thinking model reasons first (thinking blocks), at most "
+            "budget_tokens tokens; a model without a thinking phase refuses it. "
+            "disabled: it answers at once. adaptive: the model's own way"
         )
     )
-    budget_tokens: int | None = Field(None, ge=0, description="only with enabled")
+    budget_tokens: int | None = ranges.bounded(
+        "reasoning_budget", description="only with enabled: the reasoning budget"
+    )
     display: Literal["summarized", "omitted"] | None = Field(
-        None, description="accepted: there are no thinking blocks to summarize or omit"
+        None,
+        description="summarized is what a local model's thinking is (its own text); "
+        "omitted is refused (the blocks would come empty)",
     )
 
     def check(self) -> None:
-        if self.type == "enabled":
-            raise UnsupportedParameter(
-                "thinking.type",
-                f"'enabled' asks for a thinking phase and {_NO_THINKING}; "
-                "send 'disabled' or 'adaptive', or no thinking at all",
-            )
-        if self.budget_tokens is not None:
+        if self.budget_tokens is not None and self.type != "enabled":
             raise UnsupportedParameter("thinking.budget_tokens", "it goes with type 'enabled'")
+        if self.display == "omitted" and self.type == "enabled":
+            raise UnsupportedParameter(
+                "thinking.display", "'omitted': this server sends the thinking it makes"
+            )
+
+    def sampling(self) -> dict[str, object]:
+        """``think`` and ``reasoning_budget`` for the runtime."""
+        think = {"enabled": True, "disabled": False}.get(self.type)
+        return {"think": think, "reasoning_budget": self.budget_tokens}
 
 
 class ContextEdit(BaseModel):
     """One of ``context_management.edits``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: str = Field(max_length=100)
     keep: str | dict[str, Any] | None = Field(
@@ -60,7 +65,7 @@ class ContextEdit(BaseModel):
 class ContextManagement(BaseModel):
     """``context_management``: only edits that clear thinking, which have nothing to clear."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     edits: list[ContextEdit] = Field(
         default_factory=list,
@@ -85,7 +90,7 @@ class ContextManagement(BaseModel):
 class OutputConfig(BaseModel):
     """``output_config``: ``effort`` ``high`` (Anthropic's default) only; no ``format``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
         None,

@@ -3,7 +3,8 @@
 A stream is Anthropic's sequence of server-sent events: ``message_start``, then for
 each content block ``content_block_start``, its ``content_block_delta`` events
 (``text_delta`` pieces, or ``input_json_delta`` pieces whose concatenation is a
-``tool_use`` block's input) and ``content_block_stop``, then ``message_delta``
+``tool_use`` block's input, or a thinking model's ``thinking_delta`` pieces in a
+``thinking`` block before them) and ``content_block_stop``, then ``message_delta``
 (``stop_reason``, ``stop_sequence``, ``usage``) and ``message_stop``. An engine failure
 is an ``error`` event.
 
@@ -22,24 +23,29 @@ in a stream; in a whole answer it is no block (its input would not parse) and th
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import anyio
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from ..._errors import InvalidArgument
 from ...belt import EndReason
+from ...engines import Piece
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
-    RELEASE_WAIT_S,
     Calls,
     Serving,
+    StreamEnd,
     ToolPlan,
+    UnsupportedParameter,
     named_sse,
     plan_tools,
     tokenbelt_final,
+    until_end,
 )
 from ._schemas import CountTokensRequest, MessagesRequest, error_shape
 
@@ -99,10 +105,21 @@ def _message(stream: Stream, model: str, content: list[dict[str, Any]]) -> dict[
 router = APIRouter(tags=["anthropic"])
 
 
+#: a thinking block's ``signature``: Anthropic's proves the thinking came from its model;
+#: a local model's thinking has nothing to prove it by (clients send it back as is)
+SIGNATURE = ""
+
+
+def _thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": SIGNATURE}
+
+
 def _render(stream: Stream, model: str, plan: ToolPlan) -> dict[str, Any]:
     calls = plan.calls().whole(stream.text)
     content: list[dict[str, Any]] = []
-    if calls.content or calls.call is None:
+    if stream.reasoning:
+        content.append(_thinking_block(stream.reasoning))
+    if calls.content or (calls.call is None and stream.trace.phase != "reasoning"):
         content.append({"type": "text", "text": calls.content})
     if calls.call is not None:
         use = {"id": tool_use_id(), "name": calls.call.name, "input": calls.call.args}
@@ -144,6 +161,11 @@ class _Blocks:
         """Open an empty text block."""
         return self._start({"type": "text", "text": ""})
 
+    def thinking(self, text: str) -> list[Event]:
+        """A thinking model's reasoning: its block (opened first), then its deltas."""
+        out = self._start(_thinking_block("")) if self._open != "thinking" else []
+        return [*out, self._delta({"type": "thinking_delta", "thinking": text})]
+
     def events(self, kind: str, text: str) -> list[Event]:
         if kind == "content":
             out = self.text() if self._open != "text" else []
@@ -152,6 +174,11 @@ class _Blocks:
             return self._start({"type": "tool_use", "id": tool_use_id(), "name": text, "input": {}})
         return [self._delta({"type": "input_json_delta", "partial_json": text})]
 
+    @property
+    def open(self) -> str | None:
+        """The type of the block open now."""
+        return self._open
+
     def stop(self) -> list[Event]:
         if self._open is None:
             return []
@@ -159,43 +186,62 @@ class _Blocks:
         return [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
 
-async def _events(stream: Stream, model: str, plan: ToolPlan) -> AsyncIterator[object]:
-    yield "message_start", {"type": "message_start", "message": _message(stream, model, [])}
+def _events(stream: Stream, model: str, plan: ToolPlan, thinks: bool) -> AsyncIterator[object]:
+    """The named events of a stream; the last two are always ``message_delta`` (a
+    standard ``stop_reason``, tokenbelt's exact reason in ``tokenbelt``) and
+    ``message_stop``, after an ``error`` event on a failure. A thinking model's
+    reasoning comes first, as ``thinking`` blocks."""
     calls, blocks = plan.calls(), _Blocks()
-    if not plan.with_tools:  # a text reply: its block opens at once, as Anthropic's does
-        for event in blocks.text():
-            yield event
-    error: str | None = None
-    try:
+
+    async def pieces() -> AsyncIterator[object]:
+        yield "message_start", {"type": "message_start", "message": _message(stream, model, [])}
+        if not plan.with_tools and not thinks:
+            # A text reply: its block opens at once, as Anthropic's does (a thinking
+            # model's first block is its thinking, so its text block waits for the answer).
+            for event in blocks.text():
+                yield event
         async for piece in stream:
+            if isinstance(piece, Piece) and piece.reasoning:
+                for event in blocks.thinking(piece.reasoning):
+                    yield event
+                if not piece:
+                    continue
             for kind, text in calls.feed(piece):
                 for event in blocks.events(kind, text):
                     yield event
-    except Exception as exc:  # the engine failed: say so in the stream, then end it
-        error = f"generation failed: {type(exc).__name__}: {exc}"
-    await stream.await_released(RELEASE_WAIT_S)
-    if error is not None:
-        _, body = error_shape(500, error, "server_error", "runtime_error", None)
-        yield "error", {**body, "tokenbelt": tokenbelt_final(stream)}
-        return
-    last = [e for kind, text in calls.finish() for e in blocks.events(kind, text)]
-    if blocks.index < 0 and not last:  # nothing at all: one empty text block
-        last = blocks.text()
-    for event in [*last, *blocks.stop()]:
-        yield event
-    yield (
-        "message_delta",
-        {
-            "type": "message_delta",
-            "delta": {
-                "stop_reason": stop_reason(stream, calls.call is not None),
-                "stop_sequence": stream.trace.stop_sequence,
+
+    def end(how: StreamEnd) -> Iterator[object]:
+        if how.error is not None:
+            yield from blocks.stop()
+            _, body = error_shape(500, how.error, "server_error", "runtime_error", None)
+            yield "error", {**body, "tokenbelt": tokenbelt_final(stream)}
+        else:
+            last = [e for kind, text in calls.finish() for e in blocks.events(kind, text)]
+            if blocks.index < 0 and not last:  # nothing at all: one empty text block
+                last = blocks.text()
+            elif (
+                thinks
+                and not last
+                and blocks.open == "thinking"
+                and stream.trace.phase != "reasoning"
+            ):
+                last = blocks.text()  # the answer came empty: its block says so
+            yield from [*last, *blocks.stop()]
+        yield (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": stop_reason(stream, calls.call is not None),
+                    "stop_sequence": stream.trace.stop_sequence,
+                },
+                "usage": {"output_tokens": stream.trace.completion_tokens},
+                "tokenbelt": _final(stream, plan, calls),
             },
-            "usage": {"output_tokens": stream.trace.completion_tokens},
-            "tokenbelt": _final(stream, plan, calls),
-        },
-    )
-    yield "message_stop", {"type": "message_stop"}
+        )
+        yield "message_stop", {"type": "message_stop"}
+
+    return until_end(stream, pieces(), end)
 
 
 def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
@@ -214,13 +260,14 @@ async def messages(body: MessagesRequest, path: Serving) -> Response:
     model = path.state.model_for(body.model or None)
     plan = _plan(body, model)
     request = plan.request(sampling_from(body.sampling()))
-    stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
+    with _thinking_named():
+        stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
     # Anthropic's SDKs read the request id from ``request-id``.
     headers = {"request-id": stream.request_id}
     if body.stream:
         return path.streaming(
             stream,
-            _events(stream, model.name, plan),
+            _events(stream, model.name, plan, model.thinks),
             headers=headers,
             encode=sse_event,
             keepalive=PING,
@@ -234,5 +281,20 @@ async def messages(body: MessagesRequest, path: Serving) -> Response:
 async def count_tokens(body: CountTokensRequest, path: Serving) -> dict[str, Any]:
     """``{"input_tokens": n}``: the prompt the same ``/v1/messages`` request would have."""
     model = path.state.model_for(body.model or None)
-    request = _plan(body, model).request(sampling_from({}))
-    return {"input_tokens": await anyio.to_thread.run_sync(model.count_prompt_tokens, request)}
+    # ``thinking`` shapes the prompt (a template's switch), so it is counted with it.
+    thinking = body.thinking.sampling() if body.thinking is not None else {}
+    request = _plan(body, model).request(sampling_from(thinking))
+    with _thinking_named():
+        tokens = await anyio.to_thread.run_sync(model.count_prompt_tokens, request)
+    return {"input_tokens": tokens}
+
+
+@contextlib.contextmanager
+def _thinking_named() -> Iterator[None]:
+    """The engine names its own parameter, ``think``; this body said it as ``thinking``."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        if exc.param != "think":
+            raise
+        raise UnsupportedParameter("thinking.type", str(exc).removeprefix("think: ")) from None

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core import TokenbeltOptions, UnsupportedParameter
+from ..core import TokenbeltOptions, UnsupportedParameter, ranges
 from ._options import ContextManagement, OutputConfig, Thinking
 
 #: HTTP status -> Anthropic's error type
@@ -55,7 +55,7 @@ def error_shape(
 
 
 class TextBlock(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
     text: str
@@ -67,9 +67,16 @@ _KEYS = {
     "text": {"type", "text", "cache_control"},
     "tool_use": {"type", "id", "name", "input", "cache_control"},
     "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "thinking": {"type", "thinking", "signature", "cache_control"},
 }
-#: which role may send each block type
-_ROLE = {"text": ("user", "assistant"), "tool_use": ("assistant",), "tool_result": ("user",)}
+#: which role may send each block type (an earlier turn's ``thinking`` is taken and left
+#: out of the prompt, as thinking models' templates drop it)
+_ROLE = {
+    "text": ("user", "assistant"),
+    "tool_use": ("assistant",),
+    "tool_result": ("user",),
+    "thinking": ("assistant",),
+}
 _TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
 
 
@@ -90,7 +97,11 @@ def _check_block(block: object, where: str, role: str | None) -> str:
         raise UnsupportedParameter(where, "a content block is an object")
     kind = block.get("type")
     if kind not in _KEYS or (role is None and kind != "text"):
-        can = "text" if role is None else "text, tool_use (assistant) and tool_result (user)"
+        can = (
+            "text"
+            if role is None
+            else "text, tool_use and thinking (assistant) and tool_result (user)"
+        )
         raise UnsupportedParameter(f"{where}.type", f"content blocks of type {kind!r}; only {can}")
     if role is not None and role not in _ROLE[kind]:
         raise UnsupportedParameter(
@@ -126,6 +137,8 @@ def _turns(role: str, content: str | list[Any], where: str) -> list[dict[str, An
         kind = _check_block(block, at, role)
         if kind == "text":
             text.append(_get(block, "text", str, at))
+        elif kind == "thinking":
+            _get(block, "thinking", str, at)
         elif kind == "tool_use":
             args = json.dumps(_get(block, "input", dict, at), ensure_ascii=False)
             function = {"name": _get(block, "name", str, at), "arguments": args}
@@ -154,7 +167,7 @@ def _turns(role: str, content: str | list[Any], where: str) -> list[dict[str, An
 
 
 class InputMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["user", "assistant", "system"]
     content: str | list[Any]
@@ -163,7 +176,7 @@ class InputMessage(BaseModel):
 class ToolChoice(BaseModel):
     """``tool_choice``: ``auto``, ``any``, ``tool`` (with a ``name``) or ``none``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -185,7 +198,7 @@ class ToolChoice(BaseModel):
 class CountTokensRequest(BaseModel):
     """``POST /v1/messages/count_tokens``: the prompt of a request, without its sampling."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(max_length=200, description="a loaded model's name")
     messages: list[InputMessage] = Field(min_length=1, max_length=4096)
@@ -269,12 +282,12 @@ class CountTokensRequest(BaseModel):
 class MessagesRequest(CountTokensRequest):
     """``POST /v1/messages``."""
 
-    max_tokens: int = Field(ge=1, le=1_000_000, description="required, as Anthropic requires it")
+    max_tokens: int = ranges.bounded("max_tokens", ..., "required, as Anthropic requires it")
     stop_sequences: list[str] | None = Field(None, max_length=16)
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=100_000)
+    top_k: ranges.TopK = None
     metadata: dict[str, Any] | None = Field(None, description="accepted; has no effect")
     cache_control: dict[str, Any] | None = Field(None, description="accepted; has no effect")
     tokenbelt: TokenbeltOptions | None = None
@@ -286,4 +299,5 @@ class MessagesRequest(CountTokensRequest):
             "top_p": self.top_p,
             "top_k": self.top_k,
             "stop": self.stop_sequences,
+            **(self.thinking.sampling() if self.thinking is not None else {}),
         }

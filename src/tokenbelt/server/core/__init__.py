@@ -1,7 +1,8 @@
 """The serving core every dialect shares; it imports no dialect.
 
-- ``_path``: the request path (submit, stream, answer) and the ``Serving`` dependency
-  through which each route is given it;
+- ``_path``: the request path (submit, stream, answer), ``until_end`` (a streamed body
+  that ends with its dialect's terminal events, whatever the end) and the ``Serving``
+  dependency through which each route is given it;
 - ``_responses``: the SSE/NDJSON writer and the deferred answer, raced against the
   client's disconnect;
 - ``_options``: tokenbelt's own request options, and the sampling ranges (``ranges``);
@@ -14,6 +15,13 @@
 
 from . import _options as ranges
 from ._control import router as control_router
+from ._embed import (
+    answer_embedding,
+    check_dimensions,
+    encode_vector,
+    shrink,
+    submit_embedding,
+)
 from ._errors import (
     NO_RETRY,
     Dialects,
@@ -35,10 +43,21 @@ from ._middleware import (
     BodyLimitMiddleware,
     HostMiddleware,
     JsonBodyMiddleware,
+    RefusalMiddleware,
     RequestIdMiddleware,
 )
 from ._options import MAX_TIMEOUT_S, TokenbeltOptions
-from ._path import RELEASE_WAIT_S, Asgi, RequestPath, Serving, Submitted, tokenbelt_final
+from ._path import (
+    RELEASE_WAIT_S,
+    Asgi,
+    RequestPath,
+    Serving,
+    StreamEnd,
+    Submitted,
+    tokenbelt_final,
+    until_end,
+)
+from ._private import admin_asked, public, scrub
 from ._responses import DeferredResponse, EventStreamResponse, named_sse, ndjson, sse
 from ._shutdown import GracefulServer
 from ._state import ServerSettings, ServerState
@@ -61,17 +80,23 @@ __all__ = [
     "GracefulServer",
     "HostMiddleware",
     "JsonBodyMiddleware",
+    "RefusalMiddleware",
     "RequestIdMiddleware",
     "RequestPath",
     "ServerSettings",
     "ServerState",
     "Serving",
+    "StreamEnd",
     "Submitted",
     "TokenbeltOptions",
     "ToolPlan",
     "UnsupportedParameter",
+    "admin_asked",
+    "answer_embedding",
+    "check_dimensions",
     "compact_json",
     "control_router",
+    "encode_vector",
     "error_body",
     "error_response",
     "failure",
@@ -81,8 +106,13 @@ __all__ = [
     "ndjson",
     "openai_shape",
     "plan_tools",
+    "public",
     "ranges",
     "response_for",
+    "scrub",
+    "shrink",
     "sse",
+    "submit_embedding",
     "tokenbelt_final",
+    "until_end",
 ]

@@ -3,7 +3,8 @@
 ``/health`` (and its ``live``/``ready`` pair) for probes, ``/metrics`` for Prometheus,
 ``/v1/requests`` for the traces of recent requests and ``POST
 /v1/requests/{id}/cancel`` to stop one (end reason ``user_cancel``). With API keys, a
-caller sees and cancels only its own requests (the admin key: all of them).
+caller sees and cancels only its own requests (the admin key: all of them). Server-wide
+settings change only under ``/v1/admin`` (the admin key, or a server without keys).
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fastapi import APIRouter, Query
+import anyio
+from fastapi import APIRouter, Query, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from ..._errors import IllegalState
 from ...belt import EndReason
-from ._errors import error_response
+from ._errors import UnsupportedParameter, error_response, note_refusal
 from ._middleware import CALLER
 from ._path import Serving
+from ._private import public
 
 #: tokenbelt's own routes, one module-level router (the serving core comes as ``Serving``)
 router = APIRouter()
@@ -46,10 +51,19 @@ async def health(path: Serving) -> JSONResponse:
             "ttl_s": state.settings.responses_ttl_s,
         },
     }
+    # Each model's place: loaded or not and why, memory, slots, pin, keep-alive.
+    statuses = state.model_statuses()
+    body["model_status"] = {s.name: s.to_dict() for s in statuses}
+    body["memory"] = state.memory(statuses)
     workers = {name: dataclasses.asdict(w) for name, w in state.workers().items()}
     if workers:  # models in worker processes: pid, memory, restarts, last crash
         body["workers"] = workers
-    return JSONResponse(body, status_code=200 if status == "ok" else 503)
+    code = 200 if status == "ok" else 503
+    if state.settings.keys() and CALLER.get() is None:
+        # A probe needs the verdict only; pids, memory and crash text are for key holders.
+        body = {"status": status, "models": body["models"], "details": "send an API key"}
+    # A failed load's error names the file: its name only, unless the admin key asked.
+    return JSONResponse(public(body), status_code=code)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
@@ -96,3 +110,41 @@ async def one(request_id: str, path: Serving) -> JSONResponse:
     if trace is None:
         return _not_found(request_id)
     return JSONResponse(trace.to_dict())
+
+
+class KeepAliveSetting(BaseModel):
+    """The server-wide keep-alive of one model: seconds it stays loaded once idle."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    keep_alive: float | None = Field(
+        description="seconds the model stays loaded once idle (null: for ever; 0: unloaded "
+        "as soon as it is idle), for every request that gives no keep_alive of its own"
+    )
+
+
+@router.post(
+    "/v1/admin/models/{model_id:path}/keep_alive",
+    summary="Set a model's server-wide keep-alive (the admin key, or a server without keys)",
+)
+async def set_keep_alive(
+    model_id: str, body: KeepAliveSetting, path: Serving, request: Request
+) -> JSONResponse:
+    """The one way to change the server's keep-alive: a request's own ``keep_alive``
+    (Ollama's) holds for that request only. Blocking off the loop: ``0`` unloads an idle
+    model before the answer."""
+    caller = CALLER.get()
+    if caller is not None and not caller.admin:
+        note_refusal(request.scope, "admin_only")
+        return error_response(
+            403,
+            "only the admin key may change a server-wide setting",
+            "permission_error",
+            "admin_only",
+        )
+    model = path.state.model_for(model_id)
+    try:
+        await anyio.to_thread.run_sync(model.set_keep_alive, body.keep_alive)
+    except IllegalState as exc:  # engines given ready-made: it cannot be loaded again
+        raise UnsupportedParameter("keep_alive", str(exc)) from None
+    return JSONResponse({"model": model.name, "keep_alive": model.keep_alive})

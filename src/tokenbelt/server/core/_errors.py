@@ -16,9 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.types import Scope
 
 from ... import _errors as errors
 from ._missing import missing
+from ._options import range_of
 
 
 class UnsupportedParameter(errors.InvalidArgument):
@@ -87,29 +89,59 @@ def response_for(
     exc: errors.TokenbeltError, retry_after_s: int = 1, shape: ErrorShape = openai_shape
 ) -> JSONResponse:
     """Map a tokenbelt error to its HTTP answer."""
+    return _answer_for(exc, retry_after_s, shape, str(exc))[0]
+
+
+def _answer_for(
+    exc: errors.TokenbeltError, retry_after_s: int, shape: ErrorShape, text: str
+) -> tuple[JSONResponse, str]:
+    """The HTTP answer to a tokenbelt error (saying ``text``), and its code."""
     answer = partial(error_response, shape=shape)
     retry = {"Retry-After": str(retry_after_s)}
     if isinstance(exc, errors.QueueFull):
-        return answer(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
+        code = "queue_full"
+        return answer(429, text, "rate_limit_error", code, headers=retry), code
     if isinstance(exc, errors.ModelLoading):
-        return answer(503, str(exc), "service_unavailable", "model_loading", headers=retry)
+        code = "model_loading"
+        return answer(503, text, "service_unavailable", code, headers=retry), code
+    if isinstance(exc, errors.OverBudget):
+        if exc.transient:  # busy models hold the memory: a later request may fit
+            code = "memory_budget_busy"
+            return answer(503, text, "service_unavailable", code, headers=retry), code
+        code = "memory_budget"
+        return answer(507, text, "insufficient_storage", code, param="model"), code
     if isinstance(exc, errors.ModelLoadError):
-        return answer(503, str(exc), "service_unavailable", "model_load_failed", param="model")
+        code = "model_load_failed"
+        return answer(503, text, "service_unavailable", code, param="model"), code
     if isinstance(exc, errors.RuntimeClosed):
-        return answer(
-            503, str(exc), "service_unavailable", "shutting_down", headers={**retry, **NO_RETRY}
-        )
+        code = "shutting_down"
+        head = {**retry, **NO_RETRY}
+        return answer(503, text, "service_unavailable", code, headers=head), code
     if isinstance(exc, errors.UnknownModel):
-        return answer(404, str(exc), "invalid_request_error", "model_not_found", param="model")
+        code = "model_not_found"
+        return answer(404, text, "invalid_request_error", code, param="model"), code
     if isinstance(exc, errors.PromptTooLong):
-        return answer(400, str(exc), "invalid_request_error", "context_length_exceeded")
+        code = "context_length_exceeded"
+        return answer(400, text, "invalid_request_error", code), code
     if isinstance(exc, UnsupportedParameter):
-        return answer(
-            400, str(exc), "invalid_request_error", "unsupported_parameter", param=exc.param
-        )
+        code = "unsupported_parameter"
+        return answer(400, text, "invalid_request_error", code, param=exc.param), code
     if isinstance(exc, errors.InvalidArgument):
-        return answer(400, str(exc), "invalid_request_error", "invalid_value", param=exc.param)
-    return answer(500, str(exc), "server_error", "internal_error")
+        code = "invalid_value"
+        return answer(400, text, "invalid_request_error", code, param=exc.param), code
+    return answer(500, text, "server_error", "internal_error"), "internal_error"
+
+
+#: the scope key of a refused request's reason (a one-item list, shared by the scope's copies)
+REFUSAL = "tokenbelt.refusal"
+
+
+def note_refusal(scope: Scope, reason: str) -> None:
+    """Say why this request is refused (the field, or the refusal's code), for the metric
+    ``RefusalMiddleware`` keeps."""
+    holder = scope.get(REFUSAL)
+    if holder is not None:
+        holder[0] = reason
 
 
 def failure(exc: BaseException) -> tuple[int, str, str]:
@@ -131,7 +163,8 @@ _BRANCHES = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
 def _branch(part: object) -> bool:
     """A step of a location that names a union's branch, not a field (``list[...]``)."""
     text = str(part)
-    return text in _BRANCHES or "[" in text
+    # ``constrained-str`` and its kin: a branch whose type carries constraints
+    return text in _BRANCHES or "[" in text or text.startswith("constrained-")
 
 
 def _where(err: Any) -> str:
@@ -142,21 +175,34 @@ def _where(err: Any) -> str:
     return ".".join(loc)
 
 
+#: pydantic's error types for a number past a bound
+_BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
 def _describe(errors: list[Any]) -> str:
     parts = []
     for err in errors[:5]:
         loc = _where(err)
         # pydantic's "Extra inputs are not permitted" does not say what the user needs to hear.
         msg = "unsupported parameter" if err.get("type") == "extra_forbidden" else err.get("msg")
+        limits = range_of(loc.rsplit(".", 1)[-1]) if err.get("type") in _BOUNDS else None
+        if limits is not None:  # the whole range, as the SDK and the CLI say it
+            msg = f"must be {limits.text()}, got {err.get('input')!r}"
         parts.append(f"{loc or 'body'}: {msg or 'invalid'}")
     return "; ".join(parts)
 
 
-def install(app: FastAPI, dialects: Dialects) -> None:
-    """Make every error a JSON body in the shape of the API its path belongs to."""
+def install(app: FastAPI, dialects: Dialects, clean: Callable[[str], str] = str) -> None:
+    """Make every error a JSON body in the shape of the API its path belongs to; a
+    tokenbelt error's message goes through ``clean`` (the server's: no absolute path)."""
 
     def shape(request: Request) -> ErrorShape:
         return dialects.shape_for(request.url.path)
+
+    def refused(request: Request, response: JSONResponse, reason: str | None) -> JSONResponse:
+        if reason:
+            note_refusal(request.scope, reason)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -164,19 +210,35 @@ def install(app: FastAPI, dialects: Dialects) -> None:
         if any(e.get("type") == "json_invalid" for e in errors) or any(
             tuple(e.get("loc", ())) == ("body",) for e in errors
         ):
-            return error_response(
-                400,
-                "the body must be a JSON object, sent as Content-Type: application/json",
-                "invalid_request_error",
+            return refused(
+                request,
+                error_response(
+                    400,
+                    "the body must be a JSON object, sent as Content-Type: application/json",
+                    "invalid_request_error",
+                    "invalid_json",
+                    shape=shape(request),
+                ),
                 "invalid_json",
+            )
+        unicode = [e for e in errors if e.get("type") == "string_unicode"]
+        if unicode:  # a lone surrogate: strict string fields refuse it before tokenbelt does
+            field = _where(unicode[0]).split(".")[0] or "body"
+            answer = error_response(
+                400,
+                f"{field} is not valid Unicode (a lone surrogate)",
+                "invalid_request_error",
+                "invalid_value",
+                param=field,
                 shape=shape(request),
             )
+            return refused(request, answer, field)
         # The deepest first: of a union's branches, the one that got furthest says most.
         errors.sort(key=lambda e: -len(e.get("loc", ())))
         first = errors[0] if errors else {}
         param = _where(first) or None
         # 400 as OpenAI answers a bad body (its SDK raises ``BadRequestError``), not 422.
-        return error_response(
+        answer = error_response(
             400,
             _describe(errors),
             "invalid_request_error",
@@ -184,17 +246,20 @@ def install(app: FastAPI, dialects: Dialects) -> None:
             param=param,
             shape=shape(request),
         )
+        return refused(request, answer, param or "invalid_body")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404 and exc.detail == "Not Found":  # no route: say which
             status, message = missing(request.method, request.url.path)
             code = "not_implemented" if status == 501 else "route_not_found"
-            return error_response(
+            answer = error_response(
                 status, message, "invalid_request_error", code, shape=shape(request)
             )
+            return refused(request, answer, code)
         if exc.status_code == 405:
             message = f"{request.url.path} does not take {request.method}"
+            note_refusal(request.scope, "method_not_allowed")
             return error_response(
                 405,
                 message,
@@ -203,6 +268,7 @@ def install(app: FastAPI, dialects: Dialects) -> None:
                 headers=dict(exc.headers) if exc.headers else None,
                 shape=shape(request),
             )
+        note_refusal(request.scope, getattr(exc, "code", None) or f"http_{exc.status_code}")
         return error_response(
             exc.status_code,
             str(exc.detail),
@@ -215,7 +281,10 @@ def install(app: FastAPI, dialects: Dialects) -> None:
     @app.exception_handler(errors.TokenbeltError)
     async def tokenbelt_error(request: Request, exc: errors.TokenbeltError) -> JSONResponse:
         retry_after_s = request.app.state.tokenbelt.settings.retry_after_s
-        return response_for(exc, retry_after_s, shape(request))
+        answer, code = _answer_for(exc, retry_after_s, shape(request), clean(str(exc)))
+        if answer.status_code < 500 or answer.status_code == 503:  # refused, not failed
+            note_refusal(request.scope, getattr(exc, "param", None) or code)
+        return answer
 
 
 def compact_json(value: Any) -> str:

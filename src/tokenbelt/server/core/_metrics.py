@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from ...belt import EndReason, TraceEvent, invariants
 from ...engines import BatchStatistics, EngineStatistics, UpstreamStatistics, WorkerStatistics
-from ...runtime import SchedulerStatistics
+from ...runtime import ModelStatus, SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
 
@@ -32,6 +32,9 @@ _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 SDK = "sdk"
 #: far more requests than can be queued or running at once
 _LABELS_KEPT = 4096
+#: distinct (route, status, reason) series of refusals, and the longest reason kept
+_REFUSAL_SERIES = 512
+_REASON_CHARS = 64
 
 
 class Metrics:
@@ -41,10 +44,13 @@ class Metrics:
         self,
         stats: Callable[[], dict[str, SchedulerStatistics]],
         engines: Callable[[], list[tuple[str, EngineStatistics]]] = list,
+        models: Callable[[], list[ModelStatus]] = list,
+        budget: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_EngineCollector(engines))
+        r.register(_ModelCollector(models, budget))
         self.queue_time = Histogram(
             "tokenbelt_queue_time_seconds",
             "Time from enqueue to admission.",
@@ -95,10 +101,38 @@ class Metrics:
             ["model", "api"],
             registry=r,
         )
+        self.refusals = Counter(
+            "tokenbelt_refused_requests",
+            "Requests refused before any work (4xx, or 503 while loading or shutting down), "
+            "by route, status and reason (the refused field, or the refusal's code).",
+            ["route", "status", "reason"],
+            registry=r,
+        )
+        self._refusal_series: set[tuple[str, int, str]] = set()
         self.release_lag = Counter(
             "tokenbelt_release_lag_alerts",
             "Requests released more than the threshold after they were asked to stop.",
             ["model", "api"],
+            registry=r,
+        )
+        # Embedding and rerank requests (``kind``: embed, rerank), beside the series above.
+        self.embedding_inputs = Counter(
+            "tokenbelt_embedding_inputs",
+            "Inputs of finished embedding and rerank requests.",
+            ["model", "api", "kind"],
+            registry=r,
+        )
+        self.embedding_tokens = Counter(
+            "tokenbelt_embedding_tokens",
+            "Input tokens of finished embedding and rerank requests.",
+            ["model", "api", "kind"],
+            registry=r,
+        )
+        self.embedding_seconds = Histogram(
+            "tokenbelt_embedding_seconds",
+            "Time from admission to release of an embedding or rerank request.",
+            ["model", "api", "kind"],
+            buckets=_SLOW,
             registry=r,
         )
         self.queue_depth = Gauge(
@@ -129,6 +163,19 @@ class Metrics:
         with self._lock:
             return self._apis.get(request_id, SDK)
 
+    def refused(self, route: str, status: int, reason: str) -> None:
+        """Count one refused request. A reason is a field name or a code; a client can send
+        any field name, so past ``_REFUSAL_SERIES`` series new reasons count as ``other``."""
+        reason = reason[:_REASON_CHARS]
+        key = (route, status, reason)
+        with self._lock:
+            if key not in self._refusal_series:
+                if len(self._refusal_series) >= _REFUSAL_SERIES:
+                    key = (route, status, "other")
+                else:
+                    self._refusal_series.add(key)
+        self.refusals.labels(key[0], str(status), key[2]).inc()
+
     def refresh_gauges(self) -> None:
         """Read queue depth and running requests from the schedulers (at scrape time)."""
         for name, s in self._stats().items():
@@ -157,9 +204,15 @@ class Metrics:
         ):
             if value is not None:
                 hist.labels(model, api).observe(value)
-        itl = self.itl.labels(model, api)
-        for gap in t.token_gaps:
-            itl.observe(gap)
+        if t.kind != "generate":
+            self.embedding_inputs.labels(model, api, t.kind).inc(t.inputs)
+            self.embedding_tokens.labels(model, api, t.kind).inc(t.prompt_tokens)
+            if t.admitted is not None and t.released is not None:
+                self.embedding_seconds.labels(model, api, t.kind).observe(t.released - t.admitted)
+        else:
+            itl = self.itl.labels(model, api)
+            for gap in t.token_gaps:
+                itl.observe(gap)
         request_log.info("%s", json.dumps({"event": "request", "api": api, **t.to_dict()}))
 
 
@@ -186,6 +239,58 @@ class _EngineCollector(Collector):
         )
 
 
+class _ModelCollector(Collector):
+    """Each served model's place, read at scrape time: loaded, pinned, its memory by
+    part, its loads and evictions; and the memory budget they share."""
+
+    def __init__(
+        self, models: Callable[[], list[ModelStatus]], budget: Callable[[], int | None]
+    ) -> None:
+        self._models, self._budget = models, budget
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        loaded = GaugeMetricFamily(
+            "tokenbelt_model_loaded", "1 while a model is loaded.", labels=["model"]
+        )
+        pinned = GaugeMetricFamily(
+            "tokenbelt_model_pinned", "1 for a model never evicted.", labels=["model"]
+        )
+        memory = GaugeMetricFamily(
+            "tokenbelt_model_memory_bytes",
+            "What a loaded model takes: estimated weights, kv, cache and overhead, the "
+            "measured resident set, and the total the budget counts.",
+            labels=["model", "part"],
+        )
+        loads = CounterMetricFamily(
+            "tokenbelt_model_loads", "Loads of a model that completed.", labels=["model"]
+        )
+        evictions = CounterMetricFamily(
+            "tokenbelt_model_evictions",
+            "Unloads of an idle model to make room for another (the memory budget).",
+            labels=["model"],
+        )
+        for m in self._models():
+            loaded.add_metric([m.name], 1 if m.state == "ready" else 0)
+            pinned.add_metric([m.name], 1 if m.pinned else 0)
+            loads.add_metric([m.name], m.loads)
+            evictions.add_metric([m.name], m.evictions)
+            use = m.memory
+            if use is None:
+                continue
+            parts = {"weights": use.weights, "kv": use.kv, "cache": use.cache}
+            parts |= {"overhead": use.overhead, "total": use.total}
+            if use.measured is not None:
+                parts["measured"] = use.measured
+            for part, value in parts.items():
+                memory.add_metric([m.name, part], value)
+        yield from (loaded, pinned, memory, loads, evictions)
+        limit = self._budget()
+        if limit is not None:
+            yield GaugeMetricFamily(
+                "tokenbelt_memory_budget_bytes", "The memory all loaded models share.", limit
+            )
+
+
 def _batch_families(
     batches: dict[str, BatchStatistics],
 ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -201,6 +306,10 @@ def _batch_families(
             "Tokens summed over batched steps (divide by steps: tokens per step).",
         ),
         "aborted_steps": ("aborted_steps", "Steps aborted for a stop."),
+        "stop_aborted_steps": (
+            "stop_aborted_steps",
+            "Steps aborted because they ran on past a stop's bound (stop_abort_after).",
+        ),
         "prefix_cache_hits": (
             "prefix_hits",
             "Requests that reused KV cells from the prefix cache.",
@@ -208,6 +317,22 @@ def _batch_families(
         "prefix_cached_tokens": (
             "prefix_cached_tokens",
             "Prompt tokens taken from the prefix cache instead of computed.",
+        ),
+        "draft_tokens": (
+            "draft_tokens",
+            "Prompt-lookup draft tokens verified in batched steps.",
+        ),
+        "draft_accepted_tokens": (
+            "accepted_draft_tokens",
+            "Draft tokens the sampler accepted (each one a token without a step of its own).",
+        ),
+        "prefix_cache_restored_entries": (
+            "restored_entries",
+            "Prefix-cache entries read back from disk when the model loaded.",
+        ),
+        "prefix_cache_restored_tokens": (
+            "restored_tokens",
+            "Tokens of the prefix-cache entries read back from disk when the model loaded.",
         ),
     }
     for name, (field, doc) in series.items():

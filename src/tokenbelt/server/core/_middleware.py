@@ -10,14 +10,16 @@ import contextvars
 import hashlib
 import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...belt import new_request_id
-from ._errors import Dialects
+from ._errors import REFUSAL, Dialects, note_refusal
 
 #: the API paths (the web page, its assets and /health stay open)
 PROTECTED = ("/v1", "/api/", "/metrics")
@@ -26,6 +28,7 @@ PROTECTED = ("/v1", "/api/", "/metrics")
 async def _reject(
     send: Send, scope: Scope, dialects: Dialects, status: int, message: str, type_: str, code: str
 ) -> None:
+    note_refusal(scope, code)
     shape = dialects.shape_for(scope.get("path", ""))
     status, payload = shape(status, message, type_, code, None)
     body = json.dumps(payload).encode()
@@ -216,7 +219,9 @@ class JsonBodyMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH"):
+        # DELETE too: Ollama documents ``curl -X DELETE /api/delete -d '{"model": ...}'``
+        # (a browser's DELETE is never a "simple request": it is asked about first).
+        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH", "DELETE"):
             headers = scope.get("headers", [])
             given = b""
             origin = False
@@ -310,3 +315,57 @@ class RequestIdMiddleware:
             await self.app({**scope, "headers": headers}, receive, with_id)
         finally:
             REQUEST_ID.reset(token)
+
+
+class RefusalMiddleware:
+    """Count every refused request (a 4xx answer, or a 503 given before any work) by route,
+    status and reason: the field that was refused, or the refusal's code.
+
+    ``refused(route, status, reason)`` is called once per refusal; the route is the
+    route's path template (``unmatched`` for a path no route serves), so the series stay
+    bounded whatever paths clients send.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        refused: Callable[[str, int, str], None],
+        routes: Callable[[], list[Any]],
+    ) -> None:
+        self.app = app
+        self.refused = refused
+        self.routes = routes
+
+    def _route(self, scope: Scope) -> str:
+        for route in _flat(self.routes()):
+            match, _child = route.matches(scope)
+            if match is not Match.NONE:
+                return str(getattr(route, "path", "unmatched"))
+        return "unmatched"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        holder: list[str | None] = [None]
+        scope[REFUSAL] = holder
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                if 400 <= status < 500 or (status == 503 and holder[0] is not None):
+                    self.refused(self._route(scope), status, holder[0] or f"http_{status}")
+            await send(message)
+
+        await self.app(scope, receive, watch)
+
+
+def _flat(routes: list[Any]) -> Iterator[Any]:
+    """Every route, the routes of included routers among them (FastAPI keeps an included
+    router whole, as one route; tokenbelt includes its routers without a prefix)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _flat(list(inner.routes))
+        else:
+            yield route

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 #: routes of the APIs tokenbelt speaks that it does not implement, by path prefix
 KNOWN: dict[str, str] = {
-    "/v1/embeddings": "OpenAI embeddings",
-    "/v1/rerank": "reranking",
     "/v1/audio/": "OpenAI audio",
     "/v1/images/": "OpenAI images",
     "/v1/videos": "OpenAI videos",
@@ -34,7 +32,8 @@ KNOWN: dict[str, str] = {
 
 SERVED = (
     "it serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, "
-    "/v1/messages, /api/chat, /api/generate and tokenbelt's own routes (see /docs)"
+    "/v1/embeddings, /v1/rerank, /v1/messages, /api/chat, /api/generate, /api/embed "
+    "and tokenbelt's own routes (see /docs)"
 )
 
 

@@ -7,10 +7,12 @@ disconnect all happen here, the same way for each of them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, Request
@@ -53,9 +55,96 @@ class Asgi(Response):
 
 
 def tokenbelt_final(stream: Stream) -> dict[str, Any]:
-    """The ``tokenbelt`` object of a finished request: its exact end reason and trace."""
+    """The ``tokenbelt`` object of a finished request: its exact end reason and trace,
+    and for a thinking model the phase it ended in (``ended_in``; ``answer_started``
+    false, with a ``note``, when its end came before any answer)."""
     reason = stream.end_reason or EndReason.RUNTIME_ERROR
-    return {"end_reason": reason.value, "trace": stream.trace.to_dict()}
+    final: dict[str, Any] = {"end_reason": reason.value, "trace": stream.trace.to_dict()}
+    phase = stream.trace.phase
+    if phase is not None:
+        final["ended_in"] = phase
+        final["answer_started"] = phase == "answer"
+        if phase == "reasoning":
+            final["note"] = (
+                f"the answer never started: the request ended ({reason.value}) inside "
+                f"the reasoning phase, after {stream.trace.reasoning_tokens} reasoning tokens"
+            )
+            if reason is EndReason.LENGTH or reason.value.endswith("_timeout"):
+                final["note"] += (
+                    "; raise the limit or bound the reasoning (tokenbelt.reasoning_budget, "
+                    "tokenbelt.reasoning_timeout) so the answer starts in time"
+                )
+    return final
+
+
+def with_reasoning(
+    request: GenerationRequest,
+    options: TokenbeltOptions | None,
+    state: ServerState,
+    thinks: bool,
+) -> GenerationRequest:
+    """``request`` with tokenbelt's own reasoning bounds: the request's ``tokenbelt``
+    fields first, then the dialect's own (already in its sampling), then the server's
+    (for a model that ``thinks``: a default is no demand on one that does not)."""
+    s = request.sampling
+    budget = options.reasoning_budget if options is not None else None
+    timeout = options.reasoning_timeout if options is not None else None
+    budget = budget if budget is not None else s.reasoning_budget
+    timeout = timeout if timeout is not None else s.reasoning_timeout
+    settings = state.settings
+    if thinks:
+        budget = budget if budget is not None else settings.reasoning_budget
+        timeout = timeout if timeout is not None else settings.reasoning_timeout
+    if (budget, timeout) == (s.reasoning_budget, s.reasoning_timeout):
+        return request
+    sampling = dataclasses.replace(s, reasoning_budget=budget, reasoning_timeout=timeout)
+    return dataclasses.replace(request, sampling=sampling)
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """How a stream ended, for its dialect's terminal events: the exact reason, and the
+    engine's failure when it failed (an engine error, a worker crash)."""
+
+    reason: EndReason
+    failed: Exception | None = None
+
+    @property
+    def error(self) -> str | None:
+        """The failure as one line (``generation failed: WorkerCrashed: ...``), or None."""
+        if self.failed is None:
+            return None
+        return f"generation failed: {type(self.failed).__name__}: {self.failed}"
+
+
+async def until_end(
+    stream: Stream,
+    events: AsyncIterator[object],
+    end: Callable[[StreamEnd], Iterable[object]],
+) -> AsyncIterator[object]:
+    """A dialect's streamed body that always ends with its own terminal events.
+
+    Yields ``events`` (the dialect's events for the pieces of ``stream``); then, however
+    the stream ended (naturally, a stop, a deadline, the engine's failure, a worker
+    crash), waits for the engine to let go (at most ``RELEASE_WAIT_S``, so the trace
+    holds the release) and yields ``end(how)``: Ollama's ``done`` line, Anthropic's
+    ``message_delta`` and ``message_stop``, the Responses API's terminal event. A
+    failure raised while reading is given to ``end``, never raised into the writer.
+    """
+    failed: Exception | None = None
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:  # the engine failed: the dialect says so, then ends
+        failed = exc
+    finally:
+        # Closed early (the client went away): the dialect's generator ends now too.
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+    await stream.await_released(RELEASE_WAIT_S)
+    for event in end(StreamEnd(stream.end_reason or EndReason.RUNTIME_ERROR, failed)):
+        yield event
 
 
 class Submitted:
@@ -81,12 +170,14 @@ class RequestPath:
         *,
         api: str,
         request_id: str | None = None,
+        keep_alive: float | Literal["default"] | None = "default",
     ) -> Submitted:
         """Queue ``request`` with the deadlines and capacity of ``options``.
 
         Blocks (off the event loop) only to reload a model unloaded for being idle and
         to count the prompt's tokens. Admission errors propagate to the error handlers.
         ``request_id`` is the caller's own (``x-request-id``), used if well-formed and new.
+        ``keep_alive`` is this request's own (``Model.submit``); it changes no default.
         """
         if self.state.shutting_down:
             raise RuntimeClosed("the server is shutting down")
@@ -95,6 +186,9 @@ class RequestPath:
         request_id = self.state.request_id_from(request_id) or new_request_id()
         self.state.own(request_id, CALLER.get())
         self.state.metrics.label(request_id, api)
+        request = with_reasoning(request, options, self.state, model.thinks)
+        if options is not None and options.draft is not None:
+            request = dataclasses.replace(request, draft=options.draft)
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
         try:
@@ -105,6 +199,7 @@ class RequestPath:
                     limits=self.state.limits_for(options, model),
                     capacity=self.state.capacity_for(options),
                     request_id=request_id,
+                    keep_alive=keep_alive,
                 )
             )
         except BaseException:

@@ -11,10 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._errors import InvalidArgument, ModelLoadError, ModelLoading, TokenbeltError, UnknownModel
+from ..._errors import (
+    InvalidArgument,
+    ModelLoadError,
+    ModelLoading,
+    OverBudget,
+    TokenbeltError,
+    UnknownModel,
+)
 from ...belt import Limits, Trace, TraceEvent
-from ...engines import EngineStatistics, WorkerStatistics
-from ...runtime import Model, ModelState, Runtime, Stream
+from ...engines import HEARTBEAT_BOUND_S, EngineStatistics, WorkerStatistics
+from ...runtime import Model, ModelState, ModelStatus, Runtime, Stream
 from ._metrics import Metrics
 from ._middleware import Caller
 from ._options import TokenbeltOptions
@@ -38,6 +45,10 @@ class ServerSettings:
     first_token_timeout: float | None = None
     total_timeout: float | None = None
     stall_timeout: float | None = None
+    #: a thinking model's reasoning budget (tokens) and deadline (seconds) for every
+    #: request that names none (``tokenbelt.reasoning_budget``, a dialect's own field)
+    reasoning_budget: int | None = None
+    reasoning_timeout: float | None = None
     api_key: str | None = None
     #: more client keys, each its own caller: a request is read and cancelled only with
     #: the key that made it (or the admin key)
@@ -137,6 +148,8 @@ class ServerState:
         self.metrics = Metrics(
             lambda: {name: m.statistics() for name, m in runtime.models.items()},
             self._engine_statistics,
+            self.model_statuses,
+            lambda: runtime.budget.limit,
         )
         runtime.subscribe(self.metrics.observe)
         runtime.subscribe(self._remember)
@@ -213,13 +226,28 @@ class ServerState:
         models = self.runtime.models
         if not models:
             return "no_model", "no model is served"
+        never = [
+            (n, m.load_error)
+            for n, m in models.items()
+            if isinstance(m.load_error, OverBudget) and not m.load_error.transient
+        ]
+        if never:  # refused by the budget until the server is started otherwise
+            return "failed", "; ".join(f"model {n}: {why}" for n, why in never)
         # READY, IDLE_UNLOADED and a reload in progress (LOADING) all take requests.
         closed = [n for n, m in models.items() if m.state is ModelState.CLOSED]
         if closed:
             return "failed", f"model {', '.join(closed)} is closed"
-        dead = [(n, w.failure) for n, w in self.workers().items() if w.failure]
+        workers = self.workers()
+        dead = [(n, w.failure) for n, w in workers.items() if w.failure]
         if dead:  # its worker kept dying while it loaded: no request can be served
             return "failed", "; ".join(f"model {n}: {why}" for n, why in dead)
+        frozen = [(n, w) for n, w in workers.items() if w.unresponsive_s is not None]
+        if frozen:  # alive, but its loop answers no heartbeat: frozen, or stuck in a step
+            return "unresponsive", "; ".join(
+                f"model {n}: its engine worker {w.pid} has answered no heartbeat for "
+                f"{w.unresponsive_s:.1f} s (the bound is {HEARTBEAT_BOUND_S:.0f} s)"
+                for n, w in frozen
+            )
         return "ok", None
 
     def model_names(self) -> list[str]:
@@ -235,24 +263,37 @@ class ServerState:
         """
         models = self.runtime.models
         if name is None or name == "":
+            loading = [s for s in self.loads.values() if s.state == "loading"]
+            if loading:  # the model the server was started with: answered 503 meanwhile
+                raise ModelLoading(f"model {loading[0].alias} is still loading")
             if models:
                 return next(iter(models.values()))
-            loading = [s for s in self.loads.values() if s.state == "loading"]
-            if loading:
-                raise ModelLoading(f"model {loading[0].alias} is still loading")
             failed = [s for s in self.loads.values() if s.state == "failed"]
             if failed:
                 raise ModelLoadError(f"model {failed[0].alias} failed to load: {failed[0].error}")
             raise UnknownModel("no model is loaded on this server")
-        if name in models:
-            return models[name]
         status = self.loads.get(name)
         if status is not None and status.state == "loading":
             raise ModelLoading(f"model {name} is still loading")
+        if name in models:
+            return models[name]
         if status is not None and status.state == "failed":
             raise ModelLoadError(f"model {name} failed to load: {status.error}")
         available = ", ".join(self.model_names()) or "none"
         raise UnknownModel(f"unknown model {name!r}; available: {available}")
+
+    def model_statuses(self) -> list[ModelStatus]:
+        """Where each served model stands (loaded or not and why, memory, slots)."""
+        return [m.status() for m in self.runtime.models.values()]
+
+    def memory(self, statuses: list[ModelStatus]) -> dict[str, Any]:
+        """The memory budget and what the models of ``statuses`` take of it, in bytes (the
+        same snapshot ``/health`` shows: each worker's memory is read once)."""
+        return {
+            "budget_bytes": self.runtime.budget.limit,
+            "used_bytes": sum(s.memory.total for s in statuses if s.memory is not None),
+            "evictions": len(self.runtime.budget.evictions),
+        }
 
     def limits_for(self, options: TokenbeltOptions | None, model: Model) -> Limits:
         """A request's time limits: its own, else the server's override, else the model's

@@ -1,4 +1,4 @@
-"""The Ollama API's model routes: tags, show, ps, version, pull, delete (and no embeddings).
+"""The Ollama API's model routes: tags, show, ps, version, pull, delete.
 
 Names are the server's: loaded models, and the catalog's aliases whose file is on this
 machine; ``name:latest`` is the same as ``name``. A pull fetches and verifies a
@@ -22,7 +22,16 @@ from starlette.types import Receive, Scope, Send
 
 from ... import __version__
 from ..._errors import ModelError, UnknownModel
-from ...models import Catalog, GGUFInfo, Home, ModelCache, Variant, choose_variant, read_gguf_info
+from ...models import (
+    Catalog,
+    GGUFInfo,
+    Home,
+    ModelCache,
+    Variant,
+    choose_variant,
+    is_hub_name,
+    read_gguf_info,
+)
 from ...runtime import ModelState
 from ..core import (
     Asgi,
@@ -31,10 +40,11 @@ from ..core import (
     ServerState,
     Serving,
     ndjson,
+    public,
     response_for,
 )
-from ._pull import Pull
-from ._schemas import EmbedRequest, NameRequest, PullRequest, error_shape
+from ._pull import CatalogPull, HubPull, Pull
+from ._schemas import NameRequest, PullRequest, error_shape
 
 #: the Ollama API release whose routes and fields these follow
 OLLAMA_API_VERSION = "0.6.0"
@@ -68,6 +78,8 @@ class Facts:
     architecture: str
     context_length: int
     license: str
+    #: the parameter count as Ollama writes it (``134.52M``), from the GGUF's tensors
+    parameter_size: str = ""
 
     def details(self) -> dict[str, Any]:
         return {
@@ -75,7 +87,7 @@ class Facts:
             "format": "gguf",
             "family": self.family,
             "families": [self.family] if self.family else None,
-            "parameter_size": "",
+            "parameter_size": self.parameter_size,
             "quantization_level": self.quantization,
         }
 
@@ -140,6 +152,7 @@ def facts(state: ServerState, name: str) -> Facts | None:
         architecture=arch or "",
         context_length=context or (entry.context_length if entry else 0),
         license=(entry.license if entry else None) or (header.license if header else None) or "",
+        parameter_size=header.parameter_size if header else "",
     )
 
 
@@ -172,7 +185,9 @@ def _show(state: ServerState, name: str) -> dict[str, Any]:
         "model_info": model_info,
         # A GGUF tokenbelt runs itself takes tools (its grammar makes every call parse);
         # a remote or scripted engine constrains nothing, so it is not said to.
-        "capabilities": ["completion", "tools"] if found.path else ["completion"],
+        "capabilities": (["completion", "tools"] if found.path else ["completion"])
+        # a loaded thinking model (its template writes <think>): ``think`` applies
+        + (["thinking"] if model is not None and model.thinks else []),
         "modified_at": found.modified_at,
         "tokenbelt": {
             "loaded": model is not None,
@@ -191,16 +206,22 @@ def _ps(state: ServerState) -> list[dict[str, Any]]:
         found = facts(state, name)
         if found is None:
             continue
-        keep = model.keep_alive
+        keep = model.idle_keep_alive
         # When it would unload if no request came from now on (null: it never unloads).
         expires = None if keep is None else _iso(datetime.now(UTC) + timedelta(seconds=keep))
         on_gpu = model.info.get("device") not in (None, "cpu")
+        status = model.status()
+        # Ollama's size here is what the loaded model holds (weights and KV cache), not
+        # its file: tokenbelt's count of it, measured once its worker runs.
+        size = status.memory.total if status.memory is not None else found.size
         out.append(
             {
                 **found.entry(),
+                "size": size,
                 "expires_at": expires,
-                "size_vram": found.size if on_gpu else 0,
+                "size_vram": size if on_gpu else 0,
                 "context_length": model.context_length,
+                "tokenbelt": status.to_dict(),
             }
         )
     return out
@@ -227,7 +248,8 @@ async def tags(path: Serving) -> dict[str, Any]:
 @router.post("/show", summary="Ollama: what is known of one model")
 async def show(body: NameRequest, path: Serving) -> dict[str, Any]:
     name = local_name(path.state, body.which)
-    return await anyio.to_thread.run_sync(_show, path.state, name)
+    shown: dict[str, Any] = public(await anyio.to_thread.run_sync(_show, path.state, name))
+    return shown  # ``modelfile`` names the file, not where it is (unless the admin asked)
 
 
 @router.get("/ps", summary="Ollama: the models loaded now")
@@ -243,9 +265,11 @@ async def version() -> dict[str, Any]:
 @router.post("/pull", summary="Ollama: fetch and verify a catalog model (NDJSON progress)")
 async def pull(body: PullRequest, path: Serving) -> Response:
     def choose() -> Pull:
+        if is_hub_name(body.which):  # hf://ORG/REPO/FILE.gguf, hf.co/ORG/REPO:QUANT
+            return HubPull(body.which)
         catalog, cache = _catalog()
         name = local_name(path.state, body.which)
-        return Pull(cache, choose_variant(catalog, name, cache=cache).variant)
+        return CatalogPull(cache, choose_variant(catalog, name, cache=cache).variant)
 
     job = await anyio.to_thread.run_sync(choose)
     job.start()
@@ -269,10 +293,3 @@ async def pull(body: PullRequest, path: Serving) -> Response:
 async def delete(body: NameRequest, path: Serving) -> dict[str, Any]:
     name = local_name(path.state, body.which)
     return {"removed": await anyio.to_thread.run_sync(_delete, path.state, name)}
-
-
-@router.post("/embed", include_in_schema=False)
-@router.post("/embeddings", include_in_schema=False)
-async def embed(body: EmbedRequest) -> Response:
-    message = "embeddings are not supported: tokenbelt has no embedding engine yet"
-    return JSONResponse({"error": message}, status_code=501)

@@ -1,7 +1,9 @@
-"""``POST /api/pull``: fetch and verify one catalog variant on a thread, reporting as Ollama does.
+"""``POST /api/pull``: fetch and verify a model on a thread, reporting as Ollama does.
 
-The lines are Ollama's: ``pulling manifest``, ``pulling <digest>`` with ``total`` and
-``completed`` bytes, ``verifying sha256 digest``, then ``success`` (or ``error``).
+A catalog alias (or variant id), or a Hub file: ``hf://ORG/REPO/FILE.gguf`` as
+``tokenbelt models pull`` takes it, or Ollama's ``hf.co/ORG/REPO[:QUANT]``. The lines are
+Ollama's: ``pulling manifest``, ``pulling <digest>`` with ``total`` and ``completed``
+bytes, ``verifying sha256 digest``, then ``success`` (or ``error``).
 """
 
 from __future__ import annotations
@@ -13,31 +15,30 @@ from typing import Any
 import anyio
 
 from ..._errors import ModelError, TokenbeltError
-from ...models import ModelCache, Variant
+from ...models import ModelCache, Variant, hub_uri, pull_from_hub
 
 #: how long one wait for news lasts before the reader looks again (a safety net)
 _WAIT_S = 1.0
 
 
 class Pull:
-    """One pull on its own thread: fetch the variant's file, then verify it.
+    """One pull on its own thread (``_run``), reported as lines a reader takes.
 
     Every phase's first line is kept for the reader; progress within the download
     replaces the progress line not yet read, so a fast download never queues lines
     for a slow reader (at most one line per phase waits).
     """
 
-    def __init__(self, cache: ModelCache, variant: Variant) -> None:
-        self.cache = cache
-        self.variant = variant
+    def __init__(self, name: str) -> None:
         self.cancel = threading.Event()
         self.error: TokenbeltError | None = None
         self._cond = threading.Condition()
         self._pending: list[dict[str, Any]] = [{"status": "pulling manifest"}]
         self._done = False
-        self.thread = threading.Thread(
-            target=self._run, name=f"tokenbelt-pull-{variant.id}", daemon=True
-        )
+        self.thread = threading.Thread(target=self._run, name=f"tokenbelt-pull-{name}", daemon=True)
+
+    def _run(self) -> None:  # pragma: no cover - each kind of pull writes its own
+        raise NotImplementedError
 
     def _add(self, line: dict[str, Any], *, done: bool = False) -> None:
         with self._cond:
@@ -49,36 +50,15 @@ class Pull:
             self._done = done
             self._cond.notify_all()
 
-    def _progress(self, completed: int, total: int | None) -> None:
-        v = self.variant
-        self._add(
-            {
-                "status": f"pulling {v.sha256[:12]}",
-                "digest": f"sha256:{v.sha256}",
-                "total": total or v.size,
-                "completed": completed,
-            }
-        )
-
-    def _run(self) -> None:
-        v = self.variant
-        try:
-            self._progress(0, v.size)
-            path = self.cache.fetch(v, progress=self._progress, cancel=self.cancel)
-            self._progress(v.size, v.size)  # a file already here reports no progress of its own
-            self._add({"status": "verifying sha256 digest"})
-            self.cache.verify(v, path, cancel=self.cancel)
-        except TokenbeltError as exc:
-            self.error = exc
-            self._add({"error": str(exc)}, done=True)
-        except Exception as exc:  # a file system failure: report it, never crash the server
-            self.error = ModelError(f"{type(exc).__name__}: {exc}")
-            self._add({"error": str(self.error)}, done=True)
-        else:
-            self._add({"status": "success"}, done=True)
-
     def start(self) -> None:
         self.thread.start()
+
+    def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, TokenbeltError):
+            self.error = exc
+        else:  # a file system failure: report it, never crash the server
+            self.error = ModelError(f"{type(exc).__name__}: {exc}")
+        self._add({"error": str(self.error)}, done=True)
 
     def stop(self) -> None:
         """Cancel the download (an http(s) one resumes on the next pull); wake the reader."""
@@ -101,3 +81,61 @@ class Pull:
                 yield line
             if done or self.cancel.is_set():
                 return
+
+
+class CatalogPull(Pull):
+    """A pull of a catalog variant: fetch its file, then verify it."""
+
+    def __init__(self, cache: ModelCache, variant: Variant) -> None:
+        super().__init__(variant.id)
+        self.cache = cache
+        self.variant = variant
+
+    def _progress(self, completed: int, total: int | None) -> None:
+        v = self.variant
+        self._add(
+            {
+                "status": f"pulling {v.sha256[:12]}",
+                "digest": f"sha256:{v.sha256}",
+                "total": total or v.size,
+                "completed": completed,
+            }
+        )
+
+    def _run(self) -> None:
+        v = self.variant
+        try:
+            self._progress(0, v.size)
+            path = self.cache.fetch(v, progress=self._progress, cancel=self.cancel)
+            self._progress(v.size, v.size)  # a file already here reports no progress of its own
+            self._add({"status": "verifying sha256 digest"})
+            self.cache.verify(v, path, cancel=self.cancel)
+        except Exception as exc:
+            self._fail(exc)
+        else:
+            self._add({"status": "success"}, done=True)
+
+
+class HubPull(Pull):
+    """A pull of a Hub file (``hf://ORG/REPO/FILE.gguf``, or Ollama's
+    ``hf.co/ORG/REPO[:QUANT]``), registered under an alias as ``tokenbelt models pull
+    hf://...`` does; the last line names the alias (``tokenbelt.alias``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__("hub")
+        self.name = name
+
+    def _hub_progress(self, completed: int, total: int | None) -> None:
+        self._add({"status": f"pulling {self.name}", "total": total or 0, "completed": completed})
+
+    def _run(self) -> None:
+        try:
+            uri = hub_uri(self.name)
+            self._add({"status": f"pulling {uri}"})
+            pulled = pull_from_hub(
+                uri, replace=True, progress=self._hub_progress, cancel=self.cancel
+            )
+        except Exception as exc:
+            self._fail(exc)
+        else:
+            self._add({"status": "success", "tokenbelt": {"alias": pulled.entry.alias}}, done=True)

@@ -15,7 +15,7 @@ cancel) is no call: it is left out of ``content`` too, and the ``tokenbelt`` obj
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -24,21 +24,22 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
 from ...belt import EndReason
-from ...engines import GenerationRequest, Message
+from ...engines import GenerationRequest, Message, Piece
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
-    RELEASE_WAIT_S,
     Calls,
     RequestPath,
     Serving,
+    StreamEnd,
     Submitted,
     ToolPlan,
     UnsupportedParameter,
     ndjson,
     plan_tools,
     tokenbelt_final,
+    until_end,
 )
-from . import _models
+from . import _embed, _models
 from ._schemas import ChatRequest, GenerateRequest, _Generation, error_shape
 
 PREFIX = "/api/"
@@ -89,10 +90,9 @@ def _keep_alive(model: Model, body: _Generation) -> float | Literal[False] | Non
     return seconds
 
 
-def _apply_keep_alive(model: Model, seconds: float | Literal[False] | None) -> None:
-    """Blocking: ``0`` unloads an idle model before it returns."""
-    if seconds is not False:
-        model.set_keep_alive(seconds)
+def _own(seconds: float | Literal[False] | None) -> float | Literal["default"] | None:
+    """A request's own keep-alive as the runtime takes it: not given is the default."""
+    return "default" if seconds is False else seconds
 
 
 #: the Ollama routes, one module-level router (the serving core comes as ``Serving``)
@@ -107,9 +107,12 @@ async def _load_or_unload(model: Model, body: _Generation, chat: bool) -> Respon
     """Ollama's way to load a model (no prompt), or unload it (``keep_alive: 0``)."""
     seconds = _keep_alive(model, body)
     unloads = seconds is not False and seconds == 0  # False: not given, a load
-    # The new keep_alive first: applied after the load, an earlier 0 would unload
-    # the model this request just loaded. (Loading only to unload would be a waste.)
-    await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
+    # As Ollama has it, this request's keep_alive (or, not given, the server's) holds
+    # from now on, until the next request brings its own; the server's default stays.
+    # Before the load: an earlier request's 0 would unload the model this one loads.
+    # (Loading only to unload would be a waste.)
+    own = model.keep_alive if seconds is False else seconds
+    await anyio.to_thread.run_sync(model.keep_loaded_for, own)
     if not unloads:
         await anyio.to_thread.run_sync(model.ensure_loaded)
     content = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
@@ -145,6 +148,8 @@ def _final(
     reason = stream.end_reason or EndReason.RUNTIME_ERROR
     extension = tokenbelt_final(stream)
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    thinking = {} if streamed or not stream.reasoning else {"thinking": stream.reasoning}
+    message.update(thinking)
     if calls is not None:
         if not streamed:
             message.update(_tool_calls(calls))
@@ -152,7 +157,7 @@ def _final(
             extension["cut_call"] = {"name": calls.started, "partial_arguments": calls.arguments}
         if calls.plan.with_tools:
             extension["tool_format"] = calls.plan.tool_format
-    content = {"message": message} if chat else {"response": text}
+    content = {"message": message} if chat else {"response": text, **thinking}
     return {
         "model": name,
         "created_at": now(),
@@ -164,9 +169,11 @@ def _final(
     }
 
 
-async def _events(
+def _events(
     submitted: Submitted, name: str, chat: bool, plan: ToolPlan | None
 ) -> AsyncIterator[object]:
+    """The NDJSON lines of a stream; the last one is always ``done: true`` with its
+    ``done_reason`` (tokenbelt's exact reason), after an ``error`` line on a failure."""
     stream = submitted.stream
     calls = plan.calls() if plan is not None else None
 
@@ -178,27 +185,36 @@ async def _events(
         )
         return {"model": name, "created_at": now(), **content, "done": False}
 
-    error: str | None = None
-    try:
+    def thought(text: str) -> dict[str, Any]:
+        if not chat:
+            return {**chunk(""), "thinking": text}
+        return chunk("", thinking=text)
+
+    async def pieces() -> AsyncIterator[object]:
         async for piece in stream:
+            if isinstance(piece, Piece) and piece.reasoning:
+                yield thought(piece.reasoning)
+                if not piece:
+                    continue
             if calls is None:
                 yield chunk(piece)
                 continue
             for kind, text in calls.feed(piece):
                 if kind == "content":
                     yield chunk(text)
-    except Exception as exc:  # the engine failed: say so in the stream, then end it
-        error = f"generation failed: {type(exc).__name__}: {exc}"
-    await stream.await_released(RELEASE_WAIT_S)
-    if error is not None:
-        # The ``ollama`` client raises ``ResponseError`` for a line with ``error``.
-        yield {"error": error, "tokenbelt": tokenbelt_final(stream)}
-        return
-    if calls is not None:
-        rest = "".join(text for kind, text in calls.finish() if kind == "content")
-        if rest or calls.call is not None:
-            yield chunk(rest, **_tool_calls(calls))
-    yield _final(submitted, name, chat, "", calls, streamed=True)
+
+    def end(how: StreamEnd) -> Iterator[object]:
+        if how.error is not None:
+            # The ``ollama`` client raises ``ResponseError`` for a line with ``error``;
+            # a reader that goes on still gets the ``done`` line with the reason.
+            yield {"error": how.error, "tokenbelt": tokenbelt_final(stream)}
+        elif calls is not None:
+            rest = "".join(text for kind, text in calls.finish() if kind == "content")
+            if rest or calls.call is not None:
+                yield chunk(rest, **_tool_calls(calls))
+        yield _final(submitted, name, chat, "", calls, streamed=True)
+
+    return until_end(stream, pieces(), end)
 
 
 async def _run(
@@ -210,14 +226,10 @@ async def _run(
     plan: ToolPlan | None = None,
 ) -> Response:
     seconds = _keep_alive(model, body)
-    submitted = await path.submit(model, request, body.tokenbelt, api=API)
+    # This request's own keep_alive: 0 unloads the model once it is idle after this
+    # request, unless a later request (any client's) brings its own or the default.
+    submitted = await path.submit(model, request, body.tokenbelt, api=API, keep_alive=_own(seconds))
     stream = submitted.stream
-    try:
-        # After the submit: the model is busy now, so 0 unloads it once this is released.
-        await anyio.to_thread.run_sync(_apply_keep_alive, model, seconds)
-    except BaseException:
-        stream.cancel()
-        raise
     if body.stream:
         return path.streaming(
             stream,
@@ -276,3 +288,4 @@ async def generate(body: GenerateRequest, path: Serving) -> Response:
 
 
 router.include_router(_models.router)
+router.include_router(_embed.router)

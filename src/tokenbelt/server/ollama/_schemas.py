@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument
+from ...belt import MAX_KEEP_ALIVE_S
 from ...engines import Grammar, json_object_grammar, schema_grammar
 from ..core import TokenbeltOptions, UnsupportedParameter, ranges
 
@@ -36,7 +37,7 @@ def error_shape(
 class Options(BaseModel):
     """``options``: the sampling and context settings tokenbelt can honour."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     temperature: ranges.Temperature = None
     top_p: ranges.TopP = None
@@ -45,27 +46,33 @@ class Options(BaseModel):
     repeat_penalty: ranges.RepeatPenalty = None
     seed: ranges.Seed = None
     stop: ranges.Stop = None
-    num_predict: int | None = Field(
-        None, ge=-2, le=1_000_000, description="tokens to generate; -1 or -2: up to the context"
+    num_predict: int | None = ranges.bounded(
+        "num_predict", description="tokens to generate; -1 or -2: up to the context"
     )
-    num_ctx: int | None = Field(
-        None, ge=1, description="accepted up to the loaded model's context window"
+    num_ctx: int | None = ranges.bounded(
+        "num_ctx", description="accepted up to the loaded model's context window"
     )
 
 
 class _Generation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field("", max_length=200, description="a model's name; empty: the first")
     stream: bool = True
     options: Options | None = None
-    format: Any = Field(None, description='"json" or a JSON schema: the reply is constrained to it')
+    format: Literal["json", ""] | dict[str, Any] | None = Field(
+        None, description='"json" or a JSON schema: the reply is constrained to it'
+    )
     keep_alive: float | str | None = Field(
         None, description="how long the model stays loaded after this request; 0 unloads"
     )
-    think: bool | str | None = None
+    think: bool | str | None = Field(
+        None,
+        description="a thinking model: true or false, or an effort level (low, medium, "
+        "high) for a template that reads one; its reasoning comes as thinking",
+    )
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = ranges.bounded("top_logprobs")
     tokenbelt: TokenbeltOptions | None = None
 
     def grammar(self) -> Grammar | None:
@@ -84,8 +91,6 @@ class _Generation(BaseModel):
     def check_supported(self) -> None:
         """Raise ``UnsupportedParameter`` for a field set to something tokenbelt can't do."""
         self.grammar()
-        if self.think not in (None, False):
-            raise UnsupportedParameter("think", "tokenbelt has no thinking mode")
         if self.logprobs:
             raise UnsupportedParameter("logprobs", "tokenbelt does not return log probabilities")
         if self.top_logprobs:
@@ -116,6 +121,7 @@ class _Generation(BaseModel):
             "repeat_penalty": o.repeat_penalty,
             "seed": o.seed,
             "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
+            "think": self.think,
         }
 
     def keep_alive_seconds(self) -> float | Literal[False] | None:
@@ -148,11 +154,17 @@ def parse_keep_alive(value: float | str | None) -> float | Literal[False] | None
         seconds = float(value)
     if math.isnan(seconds) or math.isinf(seconds):
         raise UnsupportedParameter("keep_alive", f"{value!r} is not a duration")
+    if abs(seconds) > MAX_KEEP_ALIVE_S:
+        raise UnsupportedParameter(
+            "keep_alive",
+            f"{value!r} is out of range: at most {MAX_KEEP_ALIVE_S:.0f} seconds (365 days) "
+            "either way (a negative value keeps the model loaded for ever)",
+        )
     return None if seconds < 0 else seconds
 
 
 class CallFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str
     arguments: dict[str, Any] | str = Field(default_factory=dict)
@@ -163,14 +175,14 @@ class CallFunction(BaseModel):
 class ToolCallIn(BaseModel):
     """A call in an assistant message the client sends back."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     function: CallFunction
     id: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
@@ -178,6 +190,8 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
+    #: an earlier turn's reasoning: taken, and left out of the prompt (as Qwen3's and
+    #: DeepSeek-R1's templates drop it) so that a client may send its history back whole
     thinking: str | None = None
 
 
@@ -194,9 +208,8 @@ class ChatRequest(_Generation):
                 "format", "together with tools on /api/chat: send one or the other"
             )
         for i, m in enumerate(self.messages):
-            for name in ("images", "thinking"):
-                if getattr(m, name):
-                    raise UnsupportedParameter(f"messages[{i}].{name}")
+            if m.images:
+                raise UnsupportedParameter(f"messages[{i}].images")
             if m.tool_calls and m.role != "assistant":
                 raise UnsupportedParameter(
                     f"messages[{i}].tool_calls", f"tool calls come in assistant turns, not {m.role}"
@@ -238,9 +251,10 @@ class GenerateRequest(_Generation):
     template: str | None = None
     context: list[int] | None = None
     images: list[Any] | None = None
-    width: int | None = None
-    height: int | None = None
-    steps: int | None = None
+    # Ollama's image generation: not served here, so null (or absent) is the one value.
+    width: None = Field(None, description="image generation: not served, only null")
+    height: None = Field(None, description="image generation: not served, only null")
+    steps: None = Field(None, description="image generation: not served, only null")
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -252,9 +266,6 @@ class GenerateRequest(_Generation):
             raise UnsupportedParameter("context", "send the conversation with /api/chat instead")
         if self.images:
             raise UnsupportedParameter("images", "tokenbelt serves text models only")
-        for name in ("width", "height", "steps"):
-            if getattr(self, name) is not None:
-                raise UnsupportedParameter(name, "tokenbelt does not generate images")
         if self.raw and self.system:
             raise UnsupportedParameter("system", "a raw prompt is sent as it is, with no system")
 
@@ -262,7 +273,7 @@ class GenerateRequest(_Generation):
 class NameRequest(BaseModel):
     """``POST /api/show``, ``DELETE /api/delete``: a model's name."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field("", max_length=200)
     #: the name's older spelling, still sent by some clients
@@ -284,6 +295,52 @@ class PullRequest(NameRequest):
 
 
 class EmbedRequest(BaseModel):
-    """``POST /api/embed`` and ``/api/embeddings``: answered 501, tokenbelt has no embeddings."""
+    """``POST /api/embed``: ``input`` (a string or a list), ``truncate`` (Ollama's default:
+    cut inputs longer than the model embeds), ``dimensions``, ``keep_alive``; the
+    vectors are unit length, as Ollama's are."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field("", max_length=200)
+    input: Any = Field(..., description="a string or a list of strings")
+    truncate: bool = True
+    dimensions: int | None = None
+    keep_alive: float | str | None = None
+    options: dict[str, Any] | None = Field(
+        None, description="accepted when empty: embeddings take no sampling options"
+    )
+    tokenbelt: TokenbeltOptions | None = None
+
+    def inputs(self) -> list[Any]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+    def keep_alive_seconds(self) -> float | Literal[False] | None:
+        return parse_keep_alive(self.keep_alive)
+
+    def check_supported(self) -> None:
+        if self.options:
+            raise UnsupportedParameter(
+                "options", f"embeddings take no options (got {', '.join(sorted(self.options))})"
+            )
+
+
+class LegacyEmbedRequest(BaseModel):
+    """``POST /api/embeddings`` (Ollama's first embeddings route): one ``prompt``; its
+    vector is not normalised, as Ollama's legacy route gives it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field("", max_length=200)
+    prompt: Any = Field(..., description="one string")
+    keep_alive: float | str | None = None
+    options: dict[str, Any] | None = None
+    tokenbelt: TokenbeltOptions | None = None
+
+    def keep_alive_seconds(self) -> float | Literal[False] | None:
+        return parse_keep_alive(self.keep_alive)
+
+    def check_supported(self) -> None:
+        if self.options:
+            raise UnsupportedParameter(
+                "options", f"embeddings take no options (got {', '.join(sorted(self.options))})"
+            )

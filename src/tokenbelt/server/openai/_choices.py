@@ -89,7 +89,7 @@ def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[str, A
 class Choice:
     """One choice of an answer: its index, its request's stream, what was sent of it."""
 
-    __slots__ = ("failed", "first", "index", "sent", "stream")
+    __slots__ = ("failed", "first", "index", "sent", "sent_ids", "stream")
 
     def __init__(self, index: int, stream: Stream) -> None:
         self.index = index
@@ -98,11 +98,18 @@ class Choice:
         #: the engine's exception, if it failed
         self.failed: Exception | None = None
         self.sent = 0
+        self.sent_ids = 0
 
     def new_logprobs(self) -> list[TokenLogprob]:
         """The log-probabilities read since the last call."""
         read = self.stream.logprobs
         fresh, self.sent = read[self.sent :], len(read)
+        return fresh
+
+    def new_token_ids(self) -> list[int]:
+        """The token ids read since the last call (``return_token_ids``)."""
+        read = self.stream.token_ids
+        fresh, self.sent_ids = read[self.sent_ids :], len(read)
         return fresh
 
 

@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..._errors import InvalidArgument
 from ...belt import EndReason
-from ...engines import GenerationRequest, SamplingParams
-from ...runtime import Model, Stream, sampling_from
+from ...engines import GenerationRequest, Piece, SamplingParams
+from ...runtime import Model, ModelState, Stream, sampling_from
 from ..core import (
     RELEASE_WAIT_S,
     RequestPath,
@@ -32,9 +32,10 @@ from ..core import (
     error_response,
     failure,
     openai_shape,
+    public,
     tokenbelt_final,
 )
-from . import _tools
+from . import _embeddings, _tools
 from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
 from ._reasons import finish_reason
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -84,15 +85,16 @@ def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
 def _served_entry(state: ServerState, name: str) -> dict[str, Any]:
     model = state.runtime.models.get(name)
     status = state.loads.get(name)
+    # No path of the server's files unless the admin key asked (``public``).
     return _model_entry(
         name,
-        loaded=model is not None,
+        loaded=model is not None and model.state is ModelState.READY,
         cached=True,
         state=model.state.value if model else (status.state if status else None),
-        load=status.to_dict() if status else None,
+        load=public(status.to_dict()) if status else None,
         context_length=model.context_length if model else None,
-        slots=model.statistics().slots if model else None,
-        info=model.info if model else {},
+        slots=model.status().slots if model else None,
+        info=public(model.info) if model else {},
     )
 
 
@@ -173,13 +175,31 @@ async def _submit(
     return choices
 
 
+async def _prompt_ids(
+    model: Model, body: _Sampling, request: GenerationRequest
+) -> list[int] | None:
+    """With ``return_token_ids``: the prompt's token ids (off the event loop), else None."""
+    if not body.return_token_ids:
+        return None
+    return await anyio.to_thread.run_sync(model.prompt_token_ids, request)
+
+
 def _usage(choices: list[Choice]) -> dict[str, Any]:
     """The prompt once, the completions of every choice."""
     usage = choices[0].stream.usage.to_dict()
     completion = sum(c.stream.usage.completion_tokens for c in choices)
     usage["completion_tokens"] = completion
     usage["total_tokens"] = usage["prompt_tokens"] + completion
+    if "completion_tokens_details" in usage:
+        reasoning = sum(c.stream.usage.reasoning_tokens or 0 for c in choices)
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return usage
+
+
+def _reasoning(text: str) -> dict[str, str]:
+    """A thinking model's reasoning text under both names clients read: llama.cpp's
+    and DeepSeek's ``reasoning_content``, vLLM's and Ollama's ``reasoning``."""
+    return {"reasoning_content": text, "reasoning": text}
 
 
 def _final(choices: list[Choice], plans: dict[int, _tools.Plan]) -> dict[str, Any]:
@@ -207,6 +227,7 @@ async def _events(
     chat: bool,
     echo: str | None,
     plans: dict[int, _tools.Plan],
+    prompt_ids: list[int] | None,
 ) -> AsyncIterator[object]:
     base = {
         "id": choices[0].stream.request_id,
@@ -215,6 +236,32 @@ async def _events(
         "model": model,
     }
     scored = bool(body.sampling().get("logprobs"))
+    continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
+    # vLLM's shape: the prompt's ids once (a chat's first chunk; each choice's first
+    # chunk in completions), then each chunk's own new token ids.
+    prompt_pending = {c.index: prompt_ids is not None for c in choices}
+    chat_prompt_pending = prompt_ids is not None
+
+    def extras(choice: Choice, out: dict[str, Any]) -> None:
+        if prompt_ids is None:
+            return
+        if not chat and prompt_pending[choice.index]:
+            out["prompt_token_ids"] = prompt_ids
+            prompt_pending[choice.index] = False
+        out["token_ids"] = choice.new_token_ids()
+
+    def envelope(out: dict[str, Any]) -> dict[str, Any]:
+        """``base`` for one chunk: the prompt's ids on a chat's first, usage when asked."""
+        nonlocal chat_prompt_pending
+        head: dict[str, Any] = dict(base)
+        if chat and chat_prompt_pending:
+            head["prompt_token_ids"] = prompt_ids
+            chat_prompt_pending = False
+        head.update(out)
+        if continuous:
+            head["usage"] = _usage(choices)
+        return head
+
     offsets = dict.fromkeys((c.index for c in choices), len(echo) if echo else 0)
     deltas = {c.index: _tools.Deltas(plans[c.index]) for c in choices}
 
@@ -236,25 +283,33 @@ async def _events(
         else:
             choice = {"index": c.index, "text": piece, "finish_reason": None}
         choice.update(logprobs(c))
+        extras(c, choice)
         c.first = False
         stream = c.stream
         stats = stream.statistics()
-        return {
-            **base,
-            "choices": [choice],
-            "tokenbelt": {
-                "buffered": stats.buffered,
-                "capacity": stats.capacity,
-                "completion_tokens": stream.trace.completion_tokens,
-            },
-        }
+        return envelope(
+            {
+                "choices": [choice],
+                "tokenbelt": {
+                    "buffered": stats.buffered,
+                    "capacity": stats.capacity,
+                    "completion_tokens": stream.trace.completion_tokens,
+                },
+            }
+        )
 
     if echo is not None:
         for c in choices:
-            yield {**base, "choices": [{"index": c.index, "text": echo, "finish_reason": None}]}
+            echoed: dict[str, Any] = {"index": c.index, "text": echo, "finish_reason": None}
+            extras(c, echoed)
+            yield envelope({"choices": [echoed]})
     async for c, piece in pieces(choices):
         if piece is not None:
             if chat:
+                if isinstance(piece, Piece) and piece.reasoning:
+                    yield chunk(c, _reasoning(piece.reasoning))
+                    if not piece:
+                        continue
                 for delta in deltas[c.index].feed(piece):
                     yield chunk(c, delta)
             else:
@@ -276,11 +331,8 @@ async def _events(
             last["delta"] = {}
         else:
             last["text"] = ""
-        final: dict[str, Any] = {
-            **base,
-            "choices": [last],
-            "tokenbelt": _final([c], plans),
-        }
+        extras(c, last)
+        final: dict[str, Any] = envelope({"choices": [last], "tokenbelt": _final([c], plans)})
         if c.failed is not None:
             _status, type_, code = failure(c.failed)
             error = f"{type(c.failed).__name__}: {c.failed}"
@@ -299,13 +351,14 @@ def _respond(
     chat: bool,
     echo: str | None = None,
     plan: _tools.Plan | None = None,
+    prompt_ids: list[int] | None = None,
 ) -> Response:
     # Each choice parses its own calls: a plan of its own.
     base_plan = plan or _tools.Plan(())
     plans = {c.index: dataclasses.replace(base_plan, calls=[]) for c in choices}
     first, others = choices[0].stream, [c.stream for c in choices[1:]]
     if body.stream:
-        events = _events(choices, model.name, body, chat, echo, plans)
+        events = _events(choices, model.name, body, chat, echo, plans, prompt_ids)
         return path.streaming(first, events, also=others)
     scored = bool(body.sampling().get("logprobs"))
 
@@ -315,6 +368,8 @@ def _respond(
         reason = finish_reason(end)
         if chat:
             message = _tools.message(s.text, plans[c.index], end is not EndReason.STOP)
+            if s.reasoning:
+                message.update(_reasoning(s.reasoning))
             choice: dict[str, Any] = {
                 "index": c.index,
                 "message": message,
@@ -322,14 +377,19 @@ def _respond(
             }
             if scored:
                 choice["logprobs"] = chat_logprobs(s.logprobs)
+            if prompt_ids is not None:
+                choice["token_ids"] = s.token_ids
             return choice
         choice = {"index": c.index, "text": (echo or "") + s.text, "finish_reason": reason}
         if scored:
             choice["logprobs"] = legacy_logprobs(s.logprobs, len(echo or ""))
+        if prompt_ids is not None:
+            choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = s.token_ids
         return choice
 
     def render(s: Stream) -> dict[str, Any]:
-        return {
+        answer: dict[str, Any] = {
             "id": s.request_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
@@ -338,6 +398,9 @@ def _respond(
             "usage": _usage(choices),
             "tokenbelt": _final(choices, plans),
         }
+        if chat and prompt_ids is not None:
+            answer["prompt_token_ids"] = prompt_ids
+        return answer
 
     return path.answer(first, render, shape=openai_shape, also=others)
 
@@ -362,11 +425,21 @@ async def chat_completions(
             sampling=_sampling_for(body, i),
             grammar=plan.grammar,
             tools=plan.tools_json,
+            reuse_prefix=body.cache_prompt,
         )
         for i in range(body.n)
     ]
-    choices = await _submit(path, model, body, requests, x_request_id)
-    return _respond(path, choices, body, model, chat=True, plan=plan)
+    prompt_ids = await _prompt_ids(model, body, requests[0])
+    try:
+        choices = await _submit(path, model, body, requests, x_request_id)
+    except InvalidArgument as exc:
+        if exc.param != "think" or body.reasoning_effort is None:
+            raise
+        # The engine names its own parameter; this body said it as reasoning_effort.
+        raise InvalidArgument(
+            str(exc).replace("think: ", "reasoning_effort: ", 1), param="reasoning_effort"
+        ) from None
+    return _respond(path, choices, body, model, chat=True, plan=plan, prompt_ids=prompt_ids)
 
 
 @router.post("/v1/completions", summary="Text completion from a raw prompt")
@@ -380,7 +453,15 @@ async def completions(
         )
     prompt = _prompt(body)
     requests = [
-        GenerationRequest(prompt=prompt, sampling=_sampling_for(body, i)) for i in range(body.n)
+        GenerationRequest(
+            prompt=prompt, sampling=_sampling_for(body, i), reuse_prefix=body.cache_prompt
+        )
+        for i in range(body.n)
     ]
+    prompt_ids = await _prompt_ids(model, body, requests[0])
     choices = await _submit(path, model, body, requests, x_request_id)
-    return _respond(path, choices, body, model, chat=False, echo=prompt if body.echo else None)
+    echo = prompt if body.echo else None
+    return _respond(path, choices, body, model, chat=False, echo=echo, prompt_ids=prompt_ids)
+
+
+router.include_router(_embeddings.router)

@@ -7,23 +7,27 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..._defaults import DEFAULT_MAX_TOKENS
+from ...belt import RANGES
 from ..core import TokenbeltOptions, ranges
 from ._tools import CallSpec, ResponseFormat, ToolChoice, ToolSpec
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
     include_obfuscation: bool | None = Field(
         None, description="accepted, no effect: a local stream is not padded"
+    )
+    continuous_usage_stats: bool = Field(
+        False, description="usage (tokens so far) on every chunk, as vLLM sends it"
     )
 
 
 class ContentPart(BaseModel):
     """One part of a message's content; only ``text`` parts can be answered here."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
     text: str | None = None
@@ -32,7 +36,7 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     """A system, developer (read as system) or user turn."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "developer", "user"]
     content: str | list[ContentPart] = Field(description="a string or a list of text parts")
@@ -49,13 +53,13 @@ IGNORED_FIELDS = (
     "safety_identifier",
 )
 #: most choices one request may ask for (``n``): each is a sequence of its own
-MAX_CHOICES = 16
+MAX_CHOICES = int(RANGES["n"].high)
 
 
 class AssistantMessage(BaseModel):
     """An earlier reply: its text, its calls (sent back with the conversation), or both."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["assistant"]
     content: str | list[ContentPart] | None = Field(
@@ -75,7 +79,7 @@ class AssistantMessage(BaseModel):
 class ToolMessage(BaseModel):
     """A tool's result, answering the call ``tool_call_id``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["tool"]
     content: str | list[ContentPart] = Field(description="a string or a list of text parts")
@@ -88,18 +92,15 @@ Message = Annotated[ChatMessage | AssistantMessage | ToolMessage, Field(discrimi
 
 class _Sampling(BaseModel):
     # Anything not declared here is a 400 naming it: a parameter is never silently ignored.
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, description="a loaded model's alias; default: the first")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(
-        None,
-        ge=1,
-        le=1_000_000,
-        description=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS})",
+    max_tokens: int | None = ranges.bounded(
+        "max_tokens", description=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS})"
     )
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = ranges.bounded("max_tokens")
     temperature: ranges.Temperature = None
     top_p: ranges.TopP = None
     top_k: ranges.TopK = None
@@ -107,13 +108,24 @@ class _Sampling(BaseModel):
     repeat_penalty: ranges.RepeatPenalty = None
     seed: ranges.Seed = None
     stop: ranges.Stop = None
-    n: int = Field(
-        1, ge=1, le=MAX_CHOICES, description="choices to generate, each a sequence of its own"
-    )
+    n: int = ranges.bounded("n", 1, description="choices to generate, each a sequence of its own")
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = Field(
         None, max_length=1024, description="token id -> bias in [-100, 100]"
+    )
+    # What vLLM- and llama.cpp-oriented clients (benchmarks among them) send.
+    ignore_eos: bool = Field(False, description="never end on an end token: run to max_tokens")
+    min_tokens: int = ranges.bounded(
+        "min_tokens", 0, description="end tokens are banned until this many were generated"
+    )
+    return_token_ids: bool = Field(
+        False, description="the prompt's and the reply's token ids, as vLLM returns them"
+    )
+    cache_prompt: bool = Field(
+        True,
+        description="false: compute the whole prompt, reusing no cached prefix (true, the "
+        "default: the prefix cache is always on)",
     )
     tokenbelt: TokenbeltOptions | None = None
     # accepted without effect: see IGNORED_FIELDS
@@ -142,6 +154,9 @@ class _Sampling(BaseModel):
             "frequency_penalty": self.frequency_penalty,
             "presence_penalty": self.presence_penalty,
             "logit_bias": self.logit_bias,
+            "ignore_eos": self.ignore_eos,
+            "min_tokens": self.min_tokens,
+            "return_token_ids": self.return_token_ids,
         }
 
 
@@ -150,8 +165,8 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[Message] = Field(min_length=1, max_length=4096)
     logprobs: bool = Field(False, description="each output token's log-probability")
-    top_logprobs: int | None = Field(
-        None, ge=0, le=20, description="with logprobs: the likeliest tokens of each step"
+    top_logprobs: int | None = ranges.bounded(
+        "top_logprobs", description="with logprobs: the likeliest tokens of each step"
     )
     response_format: ResponseFormat | None = None
     tools: list[ToolSpec] | None = Field(None, max_length=128)
@@ -159,12 +174,19 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = Field(
         None, description="accepted; a reply makes at most one call"
     )
+    reasoning_effort: Literal["none", "low", "medium", "high"] | None = Field(
+        None,
+        description="a thinking model: none answers at once; low, medium and high go to "
+        "a chat template that reads an effort level (else a 400)",
+    )
 
     def sampling(self) -> dict[str, object]:
+        effort = self.reasoning_effort
         return {
             **super().sampling(),
             "logprobs": self.logprobs,
             "top_logprobs": self.top_logprobs,
+            "think": None if effort is None else (False if effort == "none" else effort),
         }
 
 

@@ -34,7 +34,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     name: str = Field(pattern=_NAME.pattern)
     description: str | None = None
@@ -43,14 +43,14 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
 class FunctionSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=_NAME.pattern)
     description: str | None = None
@@ -59,7 +59,7 @@ class FunctionSpec(BaseModel):
 
 
 class ToolSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["function"]
     function: FunctionSpec

@@ -16,7 +16,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..core import UnsupportedParameter
-from ._schemas import FunctionCallItem, FunctionCallOutputItem, Item, MessageItem
+from ._schemas import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    Item,
+    MessageItem,
+    ReasoningItem,
+)
 
 #: content part types that hold an image or a file (a 400 naming the missing vision)
 _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio", "image_url"})
@@ -56,15 +62,21 @@ def items_from(given: str | Sequence[Item]) -> list[dict[str, Any]]:
         given = [MessageItem(role="user", content=given, id=None)]
     out: list[dict[str, Any]] = []
     for i, item in enumerate(given):
-        if not isinstance(item, MessageItem | FunctionCallItem | FunctionCallOutputItem):
+        known = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+        if not isinstance(item, known):
             raise UnsupportedParameter(
                 f"input.{i}.type",
-                f"input items of type {item.type!r}: tokenbelt reads message, function_call "
-                "and function_call_output items",
+                f"input items of type {item.type!r}: tokenbelt reads message, function_call, "
+                "function_call_output and reasoning items",
             )
         entry = _dump(item)
         if entry.get("id") is None:
-            prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+            prefix = {
+                "message": "msg",
+                "function_call": "fc",
+                "function_call_output": "fco",
+                "reasoning": "rs",
+            }
             entry["id"] = new_id(prefix[entry["type"]])
         if isinstance(item, MessageItem) and isinstance(item.content, str):
             part = "output_text" if item.role == "assistant" else "input_text"
@@ -82,6 +94,8 @@ def messages_from(items: Sequence[dict[str, Any]], model: str) -> list[dict[str,
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         kind = item["type"]
+        if kind == "reasoning":
+            continue  # an earlier turn's thinking: not shown to the model again
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
             text = _text(item["content"], f"input.{i}.content", model)
@@ -117,6 +131,12 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
         "role": "assistant",
         "content": [part] if text or status != "in_progress" else [],
     }
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A thinking model's reasoning: its own text whole (``reasoning_text``), no summary."""
+    content = [{"type": "reasoning_text", "text": text}] if text or status != "in_progress" else []
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ response in flight can be cancelled by id, whoever is (or is not) reading it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from ..._defaults import DEFAULT_MAX_TOKENS
 from ..._errors import InvalidArgument
 from ...belt import EndReason
-from ...engines import GenerationRequest
+from ...engines import GenerationRequest, Piece
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
     CALLER,
@@ -32,6 +33,7 @@ from ..core import (
     error_response,
     named_sse,
     openai_shape,
+    until_end,
 )
 from ..openai import _tools
 from . import _items
@@ -167,7 +169,9 @@ def _echo(body: ResponseRequest, keep: bool) -> dict[str, Any]:
         "truncation": "disabled",
         "user": body.user,
         "prompt_cache_key": body.prompt_cache_key,
-        "reasoning": None,
+        "reasoning": {"effort": body.reasoning.effort, "summary": None}
+        if body.reasoning is not None
+        else None,
     }
 
 
@@ -180,6 +184,7 @@ def _request(body: ResponseRequest, plan: _tools.Plan) -> GenerationRequest:
             "top_p": body.top_p,
             "seed": body.seed,
             "stop": [stop] if isinstance(stop, str) else stop,
+            "think": body.reasoning.think() if body.reasoning is not None else None,
         }
     )
     return GenerationRequest(
@@ -204,7 +209,12 @@ class _Making:
         self.keep = keep
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
-        return [e for delta in self.deltas.feed(piece) for e in self.turn.feed(delta)]
+        events = []
+        if isinstance(piece, Piece) and piece.reasoning:
+            events = self.turn.reasoning(piece.reasoning)
+            if not piece:
+                return events
+        return events + [e for delta in self.deltas.feed(piece) for e in self.turn.feed(delta)]
 
     def finish(self, failed: Exception | None) -> list[dict[str, Any]]:
         early = self.stream.end_reason is not EndReason.STOP
@@ -226,18 +236,18 @@ class _Making:
 
     async def events(self) -> Any:
         """Every event of the response, the terminal one last, however it ends."""
-        try:
+
+        async def pieces() -> AsyncIterator[object]:
             for event in self.turn.start():
                 yield event
-            failed: Exception | None = None
-            try:
-                async for piece in self.stream:
-                    for event in self.feed(piece):
-                        yield event
-            except Exception as exc:
-                failed = exc
-            await self.stream.await_released(RELEASE_WAIT_S)
-            for event in self.finish(failed):
+            async for piece in self.stream:
+                for event in self.feed(piece):
+                    yield event
+
+        try:
+            async for event in until_end(
+                self.stream, pieces(), lambda how: self.finish(how.failed)
+            ):
                 yield event
         finally:
             self.done()
@@ -287,9 +297,15 @@ async def create(
         messages.insert(0, {"role": "system", "content": body.instructions})
     skipped: list[str] = []
     plan = _plan(body, messages, model, path.state.settings.responses_skip_tools, skipped)
-    submitted = await path.submit(
-        model, _request(body, plan), body.tokenbelt, api=API, request_id=x_request_id
-    )
+    try:
+        submitted = await path.submit(
+            model, _request(body, plan), body.tokenbelt, api=API, request_id=x_request_id
+        )
+    except InvalidArgument as exc:
+        if exc.param != "think":
+            raise
+        # The engine names its own parameter; this body said it as reasoning.effort.
+        raise UnsupportedParameter("reasoning.effort", str(exc).removeprefix("think: ")) from None
     stream = submitted.stream
     turn = Turn("resp_" + stream.request_id.removeprefix("req_"), model.name, _echo(body, keep))
     if skipped:
@@ -312,7 +328,7 @@ async def create(
         return response
 
     def render(s: Stream) -> dict[str, Any]:
-        making.feed(s.text)
+        making.feed(Piece(s.text, (), s.reasoning))
         making.finish(None)
         return turn.snapshot()
 

@@ -19,7 +19,7 @@ Status = Literal["in_progress", "completed", "incomplete"]
 
 
 class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class MessageItem(_Item):
@@ -54,23 +54,37 @@ class FunctionCallOutputItem(_Item):
     status: Status | None = None
 
 
+class ReasoningItem(_Item):
+    """A thinking model's reasoning from an earlier turn, sent back with the conversation:
+    taken, and left out of the prompt (as thinking models' templates drop it)."""
+
+    type: Literal["reasoning"]
+    id: str | None = Field(None, max_length=256)
+    summary: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+    content: list[dict[str, Any]] | None = Field(None, max_length=64)
+    encrypted_content: str | None = None
+    status: Status | None = None
+
+
 class OtherItem(BaseModel):
     """Any other item type: answered with a 400 naming it (``_items``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
 
 
 def _item_type(value: Any) -> str:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "")
-    return kind if kind in ("message", "function_call", "function_call_output") else "other"
+    known = ("message", "function_call", "function_call_output", "reasoning")
+    return kind if kind in known else "other"
 
 
 Item = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
     | Annotated[OtherItem, Tag("other")],
     Discriminator(_item_type),
 ]
@@ -79,7 +93,7 @@ Item = Annotated[
 class FunctionTool(BaseModel):
     """A function the model may call (Responses tools are flat: no ``function`` object)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
@@ -91,7 +105,7 @@ class FunctionTool(BaseModel):
 class OtherTool(BaseModel):
     """A built-in tool type (web search, shell...): refused with a 400 naming it."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
 
@@ -108,7 +122,7 @@ Tool = Annotated[
 
 
 class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["function"]
     name: str
@@ -120,7 +134,7 @@ ToolChoice = Literal["none", "auto", "required"] | NamedFunction
 class TextFormat(BaseModel):
     """``text.format``: plain text, any JSON object, or JSON that matches a schema."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
@@ -130,7 +144,7 @@ class TextFormat(BaseModel):
 
 
 class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = Field(
@@ -139,22 +153,33 @@ class TextConfig(BaseModel):
 
 
 class Reasoning(BaseModel):
-    """``reasoning``: a summary may be asked for (there is no reasoning to summarise);
-    an effort other than none is a 400 (the models here do not reason)."""
+    """``reasoning``: a thinking model's effort; its reasoning comes whole (a reasoning
+    item's ``reasoning_text``), so a summary asked for is that text, not a summary."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    effort: Literal["none"] | None = Field(None, description="only none: no reasoning phase")
+    effort: Literal["none", "low", "medium", "high"] | None = Field(
+        None,
+        description="none: a thinking model answers at once; low, medium and high go to a "
+        "chat template that reads an effort level (else a 400); a model without a thinking "
+        "phase takes none only",
+    )
     summary: Literal["auto", "concise", "detailed"] | None = Field(
-        None, description="accepted: there is no reasoning, so nothing to summarise"
+        None, description="accepted: the reasoning comes whole, as reasoning_text"
     )
     generate_summary: Literal["auto", "concise", "detailed"] | None = Field(
-        None, description="accepted: there is no reasoning, so nothing to summarise"
+        None, description="accepted: the reasoning comes whole, as reasoning_text"
     )
+
+    def think(self) -> bool | str | None:
+        """The runtime's ``think`` for this effort."""
+        if self.effort is None:
+            return None
+        return False if self.effort == "none" else self.effort
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_obfuscation: bool | None = Field(
         None, description="accepted, no effect: a local stream is not padded"
@@ -164,7 +189,7 @@ class StreamOptions(BaseModel):
 class ResponseRequest(BaseModel):
     """``POST /v1/responses``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, description="a loaded model's alias; default: the first")
     input: str | list[Item] = Field(description="a string (one user turn) or a list of items")
@@ -180,13 +205,13 @@ class ResponseRequest(BaseModel):
     )
     background: bool = Field(False, description="run detached; needs the store")
     previous_response_id: str | None = Field(None, max_length=256)
-    max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_output_tokens: int | None = ranges.bounded("max_tokens")
     temperature: ranges.Temperature = None
     top_p: ranges.TopP = None
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: none")
     text: TextConfig | None = None
     reasoning: Reasoning | None = Field(
-        None, description="no effort: this server's models have no reasoning phase yet"
+        None, description="a thinking model's effort (reasoning items come in the output)"
     )
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None

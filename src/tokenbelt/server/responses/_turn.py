@@ -30,8 +30,9 @@ from typing import Any
 from ...belt import EndReason
 from ...runtime import Stream
 from ..core import failure, tokenbelt_final
-from ._items import call_item, message_item, new_id, text_part
+from ._items import call_item, message_item, new_id, reasoning_item, text_part
 
+_NATURAL = (EndReason.STOP, EndReason.LENGTH)
 _CANCELLED = frozenset(
     {EndReason.USER_CANCEL, EndReason.CLIENT_DISCONNECT, EndReason.READER_TIMEOUT}
 )
@@ -63,7 +64,7 @@ def usage_of(stream: Stream) -> dict[str, Any]:
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens},
         "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens or 0},
         "total_tokens": u.total_tokens,
     }
 
@@ -146,6 +147,21 @@ class Turn:
         )
         return events
 
+    def reasoning(self, text: str) -> list[dict[str, Any]]:
+        """The events of a thinking model's reasoning text: its item (opened first)."""
+        events: list[dict[str, Any]] = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close("completed")
+            events += self._add(reasoning_item(new_id("rs"), "", "in_progress"))
+            self._written = []
+        self._written.append(text)
+        events.append(
+            self.event(
+                "response.reasoning_text.delta", **self._where(), content_index=0, delta=text
+            )
+        )
+        return events
+
     def _call(self, call_id: str, name: str) -> list[dict[str, Any]]:
         events = self._close("completed")
         return events + self._add(call_item(new_id("fc"), call_id, name, "", "in_progress"))
@@ -162,7 +178,13 @@ class Turn:
             return []
         where = self._where()
         events: list[dict[str, Any]] = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = "".join(self._written)
+            done = reasoning_item(item["id"], text, status)
+            events.append(
+                self.event("response.reasoning_text.done", **where, content_index=0, text=text)
+            )
+        elif item["type"] == "message":
             text = "".join(self._written)
             done = message_item(item["id"], text, status)
             part = done["content"][0]
@@ -219,7 +241,8 @@ class Turn:
         whole = status == "completed" and (called or not open_call)
         item_status = "completed" if whole else "incomplete"
         events = self._close(item_status)
-        if not self.response["output"] and reason in (EndReason.STOP, EndReason.LENGTH):
+        answered = any(item["type"] != "reasoning" for item in self.response["output"])
+        if not answered and stream.trace.phase != "reasoning" and reason in _NATURAL:
             # an empty answer is still one message
             empty = message_item(new_id("msg"), "", item_status)
             self.response["output"].append(empty)

@@ -166,7 +166,7 @@
 
   const DEFAULT_MAX_TOKENS = 512;
   const LIMITS = {
-    max_tokens: { minimum: 1, maximum: 1000000, integer: true },
+    max_tokens: { minimum: 1, maximum: 1048576, integer: true },
     temperature: { minimum: 0, maximum: 2 },
     top_p: { exclusiveMinimum: 0, maximum: 1 },
     seed: { minimum: 0, maximum: 4294967295, integer: true },
@@ -272,6 +272,7 @@
     modelsTimer: null,
     contextLength: {},
     mine: [],
+    leaving: false, // the page is being left (a reload, a closed tab)
   };
 
   const newId = () => `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
@@ -367,19 +368,63 @@
     renderAll();
   }
 
-  /** The messages the server sees: only exchanges whose reply ended on its own. */
+  /** The messages the server sees: every exchange whose reply has text, a stopped or
+   *  interrupted one too (what the user saw stays in the conversation), unless the user
+   *  dropped it. A reply that failed with no text leaves its question out as well. */
   function history(turns) {
     const out = [];
     for (let i = 0; i + 1 < turns.length; i += 1) {
       const user = turns[i];
       const reply = turns[i + 1];
       if (user.role !== "user" || reply.role !== "assistant") continue;
-      if ((reply.endReason === "stop" || reply.endReason === "length") && !reply.error) {
+      if (inContext(reply)) {
         out.push({ role: "user", content: user.content }, { role: "assistant", content: reply.content });
       }
       i += 1;
     }
     return out;
+  }
+
+  // -- partial replies: stopped or interrupted, kept unless dropped --------------------------
+
+  /** A reply that did not end on its own: stopped, cut by an error or by a reload. */
+  function isPartial(turn) {
+    return turn.endReason !== "stop" && turn.endReason !== "length";
+  }
+
+  function inContext(reply) {
+    if (!reply.content) return false;
+    if (!isPartial(reply)) return !reply.error;
+    return !reply.dropped;
+  }
+
+  /** The mark on a partial reply: kept in the conversation (Drop it), or dropped (Keep it). */
+  function partialMark(turn) {
+    const kept = !turn.dropped;
+    const why = turn.endReason ? "Stopped. " : ""; // an interrupted reply says so above
+    const text = kept
+      ? `${why}This partial reply stays in the conversation the model sees.`
+      : `${why}Dropped: the model no longer sees this partial reply.`;
+    const toggle = action(kept ? "Drop it" : "Keep it", kept ? "drop-partial" : "keep-partial", () => {
+      if (state.current) return; // not while a reply streams: the log is not redrawn then
+      turn.dropped = kept;
+      saveStore();
+      renderLog();
+    }, true);
+    const mark = el("div", { className: `partial${kept ? "" : " dropped"}`, testid: "partial" }, [
+      el("span", { text }), " ", toggle,
+    ]);
+    mark.dataset.kept = String(kept);
+    return mark;
+  }
+
+  function markPartial(node, turn) {
+    node.querySelector(".partial")?.remove();
+    if (!turn.content || !isPartial(turn)) return;
+    node.classList.toggle("dropped", Boolean(turn.dropped));
+    // Right under the text (and the word that it was interrupted), above the trace.
+    const anchor = node.querySelector('[data-testid="interrupted"]') || node.querySelector(".content");
+    anchor.after(partialMark(turn));
   }
 
   // -- models and the loading state --------------------------------------------------------
@@ -488,7 +533,7 @@
     const ready = Boolean(picker.value) && !(picker.selectedOptions[0] || {}).disabled;
     $("send").disabled = busy || !ready;
     $("stop").disabled = !busy || state.current.stopRequested;
-    for (const button of document.querySelectorAll(".turn-actions button.needs-idle")) button.disabled = busy;
+    for (const button of document.querySelectorAll(".turn-actions button.needs-idle, .partial button.needs-idle")) button.disabled = busy;
     document.body.dataset.busy = busy ? "true" : "false";
   }
 
@@ -536,18 +581,21 @@
       el("div", { className: "content md", testid: "reply-text" }),
     ]);
     node.querySelector(".content").innerHTML = renderMarkdown(turn.content || "");
+    if (turn.thinking) thinkingNode(node).textContent = turn.thinking;
     if (turn.requestId) node.dataset.requestId = turn.requestId;
     if (turn.error) showReplyError(node, turn.error);
     else if (!turn.trace) {
       // Stored while it streamed, and the page went away before the end.
       node.append(el("p", { className: "length-hint", testid: "interrupted", text: "Interrupted: the page was closed or reloaded while this reply streamed." }));
+      node.dataset.interrupted = "true";
     }
     if (turn.trace) {
-      node.append(renderTimeline(turn.trace));
+      node.append(traceDetails(turn.trace));
       node.dataset.endReason = turn.trace.end_reason || "";
       const hint = lengthHint(turn);
       if (hint) node.append(hint);
     }
+    markPartial(node, turn);
     node.dataset.state = turn.error ? "error" : "done";
     return node;
   }
@@ -651,7 +699,7 @@
     node.append(el("div", { className: "live", testid: "live" }, [
       "first token ", el("span", { testid: "live-ttft", text: "…" }),
       " · ", el("span", { testid: "live-rate", text: "–" }), " tok/s",
-      " · belt ", el("span", { testid: "live-buffer", text: "–" }),
+      " · ", el("span", { testid: "live-buffer", text: "–", title: "tokens made ahead of this page / the most allowed" }), " ahead",
       " · ", el("span", { testid: "live-tokens", text: "0" }), " tokens",
     ]));
   }
@@ -663,6 +711,10 @@
 
   function lengthHint(turn) {
     if (!turn.trace || turn.trace.end_reason !== "length") return null;
+    if (turn.trace.reasoning && turn.trace.reasoning.phase === "reasoning") {
+      const text = "The answer never started: the reply stopped while the model was still thinking. Raise Max tokens in Settings.";
+      return el("p", { className: "length-hint", testid: "length-hint", text });
+    }
     const limit = turn.maxTokens || DEFAULT_MAX_TOKENS;
     const text = (turn.trace.completion_tokens || 0) < limit
       ? "The reply stopped because the model's context is full: start a new chat or edit an earlier message."
@@ -673,7 +725,18 @@
   function render(current) {
     current.renderQueued = false;
     current.node.querySelector(".content").innerHTML = renderMarkdown(current.text);
+    keepShown(current);
     scrollToEnd();
+  }
+
+  /** Store the text shown so far (at most every KEEP_MS while it streams): a reload or a
+   *  closed tab keeps what the user saw, marked interrupted. */
+  const KEEP_MS = 250;
+  function keepShown(current, now = false) {
+    current.turn.content = current.text;
+    if (!now && performance.now() - (current.keptAt || 0) < KEEP_MS) return;
+    current.keptAt = performance.now();
+    saveStore();
   }
 
   function queueRender(current) {
@@ -699,9 +762,29 @@
     }
   }
 
+  /** A thinking model's reasoning: collapsed above the reply, opened by a click. */
+  function thinkingNode(node) {
+    let box = node.querySelector(".thinking");
+    if (!box) {
+      box = el("details", { className: "thinking", testid: "thinking" }, [
+        el("summary", { text: "Thinking" }),
+        el("div", { className: "thinking-text", testid: "thinking-text" }),
+      ]);
+      node.querySelector(".content").before(box);
+    }
+    return box.querySelector(".thinking-text");
+  }
+
   function onChunk(chunk, current) {
     const tb = chunk.tokenbelt || {};
     const choice = (chunk.choices || [])[0];
+    const thought = choice && choice.delta && choice.delta.reasoning_content;
+    if (thought) {
+      if (current.firstAt === null) current.firstAt = performance.now();
+      current.node.dataset.state = "streaming";
+      current.thinking = (current.thinking || "") + thought;
+      thinkingNode(current.node).textContent = current.thinking;
+    }
     const piece = choice && choice.delta && choice.delta.content;
     if (piece) {
       if (current.firstAt === null) current.firstAt = performance.now();
@@ -927,7 +1010,22 @@
     ]);
   }
 
+  /** The trace, one click away: a one-line summary, the timeline inside. */
+  function traceDetails(trace) {
+    const parts = [trace.end_reason || "unknown", `${trace.completion_tokens} tokens`];
+    if (trace.decode_tok_s !== null && trace.decode_tok_s !== undefined) parts.push(`${trace.decode_tok_s.toFixed(1)} tok/s`);
+    const box = el("details", { className: "trace", testid: "trace" }, [
+      el("summary", { text: `Trace · ${parts.join(" · ")}` }),
+      renderTimeline(trace),
+    ]);
+    return box;
+  }
+
   async function finish(current) {
+    if (state.leaving) {
+      keepShown(current, true);
+      return;
+    }
     render(current);
     const node = current.node;
     const turn = current.turn;
@@ -938,6 +1036,7 @@
     // One set of figures per reply: the live line gives way to the server's own.
     node.querySelector(".live")?.remove();
     turn.content = current.text;
+    if (current.thinking) turn.thinking = current.thinking;
     turn.requestId = current.id;
     if (current.error) {
       turn.error = current.error;
@@ -947,12 +1046,13 @@
       turn.trace = trace;
       turn.endReason = trace.end_reason;
       if (!current.error || current.text) {
-        node.append(renderTimeline(trace));
+        node.append(traceDetails(trace));
         const hint = lengthHint(turn);
         if (hint) node.append(hint);
       }
       node.dataset.endReason = trace.end_reason;
     }
+    markPartial(node, turn);
     node.classList.remove("stopping");
     if (!current.error) node.dataset.state = "done";
     conversation().updated = Date.now();
@@ -1063,6 +1163,15 @@
         loadStore();
         renderAll();
       }
+    });
+    window.addEventListener("pagehide", () => {
+      // Leaving mid-reply: what was shown is stored now, and the fetch the browser is about
+      // to drop is no error of the reply's (the next load marks it interrupted).
+      state.leaving = true;
+      if (state.current) keepShown(state.current, true);
+    });
+    window.addEventListener("pageshow", (event) => {
+      if (event.persisted) state.leaving = false; // back from the page cache: still here
     });
     window.addEventListener("unhandledrejection", (event) => {
       showError(`Something went wrong: ${event.reason && event.reason.message ? event.reason.message : event.reason}`);

@@ -1,0 +1,283 @@
+"""Embedding throughput through the SDK and HTTP against a bare llama.cpp loop, and chat beside it.
+
+All sides run in one process on the real default model (a chat model, pooled by mean),
+in the same run, with the same inputs (short sentences of a few tokens each):
+
+- **bare**: the loop a user would write with llama-cpp-python's low-level API: one
+  ``embeddings=True`` context on the loaded model, inputs packed into one batch with a
+  sequence id each (as many as fit the ubatch), ``llama_decode``, then
+  ``llama_get_embeddings_seq`` per input and an L2 normalisation. It runs at each
+  thread count of ``--threads`` and the best is the baseline;
+- **sdk**: ``model.embed(texts)`` (queueing, tokenising, the engine's packing, the belt);
+- **http**: ``POST /v1/embeddings`` to a real uvicorn on 127.0.0.1 (JSON floats).
+
+For 1, 32 and 512 inputs (``--sizes``) each side reports inputs/s and tokens/s (the
+median over ``--rounds`` runs); ``sdk_ratio`` and ``http_ratio`` are its inputs/s over
+bare's, target >= 0.9.
+
+Interference: three chat streams decode ``--chat-tokens`` greedy tokens alone, then
+again while one embedding request of ``--batch`` inputs runs. ``chat_ratio`` is the
+chat decode rate (tokens/s summed over the streams) while embedding over alone; the
+policy that bounds it: beside chat work, embeddings run on a time share (the seconds
+of chat steps are credit that embedding steps spend, at most ``prefill_chunk`` tokens
+a step), so the target is >= 0.5. The largest gap between two tokens of a chat stream
+while embedding is ``chat_max_gap_ms``.
+
+On a machine whose cores are shared with other work, every figure here swings; take
+them on a quiet one.
+
+Run: ``.venv/bin/python benchmarks/embeddings.py [--sizes 1,32,512] [--rounds N]
+[--threads 1,2,4] [--batch N] [--chat-tokens N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import uvicorn
+
+import _harness
+from tokenbelt import Model, Runtime
+from tokenbelt.engines import usable_cores
+from tokenbelt.models import default_model_path
+from tokenbelt.server import ServerSettings, create_app
+
+NET = 300.0
+_WORDS = ["river", "stone", "green", "light", "paper", "north", "quiet", "glass", "salt"]
+
+
+def sentences(n: int) -> list[str]:
+    """``n`` different short inputs (five words each)."""
+    return [" ".join(_WORDS[(i + k) % len(_WORDS)] for k in range(5)) + f" {i}" for i in range(n)]
+
+
+# -- bare llama.cpp --------------------------------------------------------------------------
+
+
+class Bare:
+    """A hand-written embedding loop on the model's weights (its own context)."""
+
+    def __init__(self, model: Any, n_ubatch: int, threads: int) -> None:
+        import llama_cpp
+        from llama_cpp import _internals
+
+        self.lib = llama_cpp
+        self.model = model
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = n_ubatch
+        cparams.n_seq_max = 64
+        cparams.kv_unified = True
+        cparams.embeddings = True
+        cparams.pooling_type = 1  # mean
+        cparams.flash_attn_type = 0
+        cparams.n_threads = cparams.n_threads_batch = threads
+        self.ctx = _internals.LlamaContext(model=model, params=cparams, verbose=True)
+        self.mem = llama_cpp.llama_get_memory(self.ctx.ctx)
+        self.batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
+        self.n_ubatch = n_ubatch
+        self.dim = int(llama_cpp.llama_model_n_embd(model.model))
+
+    def embed(self, tokens: list[list[int]]) -> np.ndarray:
+        lib, b = self.lib, self.batch
+        out = np.empty((len(tokens), self.dim), dtype=np.float32)
+        i = 0
+        while i < len(tokens):
+            n = seq = 0
+            first = i
+            while i < len(tokens) and seq < 64 and n + len(tokens[i]) <= self.n_ubatch:
+                for j, t in enumerate(tokens[i]):
+                    b.token[n + j], b.pos[n + j], b.n_seq_id[n + j] = t, j, 1
+                    b.seq_id[n + j][0], b.logits[n + j] = seq, 1
+                n += len(tokens[i])
+                seq += 1
+                i += 1
+            b.n_tokens = n
+            lib.llama_memory_clear(self.mem, True)
+            if lib.llama_decode(self.ctx.ctx, b) != 0:
+                raise RuntimeError("llama_decode failed")
+            for k in range(seq):
+                ptr = lib.llama_get_embeddings_seq(self.ctx.ctx, k)
+                out[first + k] = np.ctypeslib.as_array(ptr, shape=(self.dim,))
+        out /= np.linalg.norm(out, axis=1, keepdims=True)
+        return out
+
+    def close(self) -> None:
+        self.lib.llama_batch_free(self.batch)
+        self.ctx.close()
+
+
+# -- serving ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + NET
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(NET)
+        sock.close()
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def timed(run: Callable[[], object], rounds: int) -> float:
+    """The median seconds of ``rounds`` runs (after one untimed warm-up run)."""
+    run()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def chat_rate(model: Model, tokens: int, during: Callable[[], object] | None) -> dict[str, float]:
+    """Three greedy chat streams of ``tokens`` tokens; with ``during``, run beside them."""
+    streams = [
+        model.stream(prompt=f"Story {i}: once", max_tokens=tokens, temperature=0.0, capacity=256)
+        for i in range(3)
+    ]
+    readers = [iter(s) for s in streams]
+    for r in readers:
+        next(r)  # every stream decodes before the embedding starts
+    started = time.perf_counter()
+    worker = threading.Thread(target=during) if during else None
+    if worker:
+        worker.start()
+    for s, r in zip(streams, readers, strict=True):
+        for _ in r:
+            pass
+        s.wait_released(NET)
+    elapsed = time.perf_counter() - started
+    if worker:
+        worker.join(NET)
+    produced = sum(s.trace.completion_tokens - 1 for s in streams)
+    gap = max(max(s.trace.token_gaps, default=0.0) for s in streams)
+    return {"tok_s": produced / elapsed, "max_gap_ms": gap * 1000}
+
+
+def main() -> None:
+    p = _harness.parser(__doc__)
+    p.add_argument("--sizes", default="1,32,512", help="input counts, comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="timed runs per side and size")
+    p.add_argument("--threads", default=None, help="bare thread counts (default: 1..cores)")
+    p.add_argument("--batch", type=int, default=256, help="inputs of the interfering batch")
+    p.add_argument("--chat-tokens", type=int, default=48, help="tokens per chat stream")
+    args = _harness.parse(p)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    cores = usable_cores()
+    counts = (
+        [int(t) for t in args.threads.split(",")]
+        if args.threads
+        else sorted({1, max(1, cores // 2), cores})
+    )
+    result: dict[str, Any] = {"cores": cores, "sizes": {}}
+    runtime = Runtime(keep_alive=None, n_ctx=512, slots=4, queue_size=64)
+    try:
+        model = runtime.load(str(default_model_path()))
+        engine: Any = model.engines[0]
+        info = engine.embedding_info()
+        result["pooling"] = f"{info.pooling} ({info.pooling_source})"
+        app = create_app(runtime, ServerSettings(), close_runtime=False)
+        with serving(app) as url, httpx.Client(base_url=url, timeout=NET) as client:
+            for n in sizes:
+                texts = sentences(n)
+                tokens = engine.tokenize_inputs(texts)
+                n_tokens = sum(len(t) for t in tokens)
+                bare_s: dict[int, float] = {}
+                for threads in counts:
+                    bare = Bare(engine._model, info.max_tokens, threads)
+                    try:
+                        bare_s[threads] = timed(lambda b=bare, t=tokens: b.embed(t), args.rounds)
+                    finally:
+                        bare.close()
+                best = min(bare_s, key=lambda t: bare_s[t])
+                sdk_s = timed(lambda t=texts: model.embed(t), args.rounds)
+
+                def http(t: list[str] = texts) -> None:
+                    r = client.post("/v1/embeddings", json={"model": model.name, "input": t})
+                    r.raise_for_status()
+
+                http_s = timed(http, args.rounds)
+                result["sizes"][n] = {
+                    "tokens": n_tokens,
+                    "bare_threads": best,
+                    "bare_inputs_s": round(n / bare_s[best], 1),
+                    "bare_tokens_s": round(n_tokens / bare_s[best], 1),
+                    "sdk_inputs_s": round(n / sdk_s, 1),
+                    "sdk_tokens_s": round(n_tokens / sdk_s, 1),
+                    "http_inputs_s": round(n / http_s, 1),
+                    "http_tokens_s": round(n_tokens / http_s, 1),
+                    "sdk_ratio": round(bare_s[best] / sdk_s, 3),
+                    "http_ratio": round(bare_s[best] / http_s, 3),
+                }
+        alone = chat_rate(model, args.chat_tokens, None)
+        batch = sentences(args.batch)
+        beside = chat_rate(model, args.chat_tokens, lambda: model.embed(batch))
+        result["chat_alone_tok_s"] = round(alone["tok_s"], 1)
+        result["chat_while_embedding_tok_s"] = round(beside["tok_s"], 1)
+        result["chat_ratio"] = round(beside["tok_s"] / alone["tok_s"], 3)
+        result["chat_max_gap_ms"] = round(beside["max_gap_ms"], 1)
+        result["chat_max_gap_alone_ms"] = round(alone["max_gap_ms"], 1)
+        result["prefill_chunk"] = runtime.prefill_chunk
+    finally:
+        runtime.close()
+    ok = {
+        f"{side}_ratio@{n}": r[f"{side}_ratio"] >= 0.9
+        for n, r in result["sizes"].items()
+        for side in ("sdk", "http")
+    }
+    ok["chat_ratio"] = result["chat_ratio"] >= 0.5
+    result["targets"] = ok
+    _harness.emit(result, args.json, lambda r: _table(r, ok))
+
+
+def _table(r: dict[str, Any], ok: dict[str, bool]) -> None:
+    print(f"embeddings on the default model, pooling {r['pooling']}, {r['cores']} cores")
+    print()
+    head = ["inputs", "tokens", "bare in/s", "sdk in/s", "http in/s", "sdk/bare", "http/bare"]
+    print("  ".join(f"{h:>10}" for h in head))
+    for n, s in r["sizes"].items():
+        row = [
+            n,
+            s["tokens"],
+            s["bare_inputs_s"],
+            s["sdk_inputs_s"],
+            s["http_inputs_s"],
+            s["sdk_ratio"],
+            s["http_ratio"],
+        ]
+        print("  ".join(f"{v:>10}" for v in row))
+    print()
+    print(
+        f"chat decode alone {r['chat_alone_tok_s']} tok/s, while embedding "
+        f"{r['chat_while_embedding_tok_s']} tok/s (ratio {r['chat_ratio']}); max gap "
+        f"{r['chat_max_gap_ms']} ms (alone {r['chat_max_gap_alone_ms']} ms); "
+        f"embeddings on a time share beside chat (at most {r['prefill_chunk']} tokens a step)"
+    )
+    print(_harness.targets_line(ok))
+
+
+if __name__ == "__main__":
+    main()

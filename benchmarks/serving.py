@@ -1,0 +1,318 @@
+"""Serving side by side: tokenbelt (worker and in-process) against llama.cpp's own server.
+
+Each side is a real server process on 127.0.0.1 serving the embedded default model with
+the same threads, slots and context per slot: ``tokenbelt serve`` with ``--isolation
+process`` and ``--isolation thread``, and ``llama-server`` when one is given
+(``--llama-server PATH`` or ``TOKENBELT_LLAMA_SERVER``; ``benchmarks/build_llama_server.sh``
+builds it from the llama-cpp-python sdist, at the very llama.cpp commit tokenbelt runs).
+Both run llama.cpp with flash attention "auto" (on for the CPU) and one unified KV cache,
+tokenbelt's own settings, so the kernels are the same and what differs is the serving
+around them; each starts empty (tokenbelt's prefix cache is not read from disk). A side
+is started, measured and stopped before the next; the order of the sides alternates each
+round, and medians over rounds are reported.
+
+For 1, 2, 4, 8 and 16 concurrent streams (``--streams``), every request streamed with a
+distinct prompt, greedy, with the end tokens banned by ``logit_bias`` so each makes
+``--tokens`` tokens:
+
+- ``{side}_tok_s_{n}``: aggregate completion tokens/s (first send to last end);
+- ``{side}_ttft_p50_ms_{n}`` / ``_ttft_p95_ms_``: time to first token;
+- ``{side}_itl_p50_ms_{n}`` / ``_itl_p95_ms_``: gaps between content chunks;
+- ``ratio_tok_s_{n}``: tokenbelt (worker) over llama-server (and ``ratio_thread_tok_s_{n}``).
+
+A mixed load (``mixed_*``): 4 running streams while 4 new requests with ~800-word prompts
+arrive 0.5 s apart: the running streams' largest gap and the arrivals' time to first token.
+
+Busy after leave (``leave_*_ms``, with ``--leave``): on a one-slot server of each side, a
+client leaves a request (in decode after 10 chunks, in prefill 50 ms after sending a long
+prompt, or a non-streamed one after 0.5 s) and a one-token request is sent at once; its
+time to first token minus that of the same request on the idle server is how long the
+slot stayed busy for nobody.
+
+Targets (issue 28): ``ratio_tok_s_{1,4,8,16} >= 1.0``; TTFT p50 and p95 no worse than
+llama-server's at each concurrency; inter-token p95 <= llama-server's + 10%.
+Run: ``.venv/bin/python benchmarks/serving.py [--rounds 2] [--tokens 128] [--leave]
+[--llama-server PATH] [--json]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import _harness
+from tokenbelt.engines import load_vocab
+from tokenbelt.models import default_model_path
+
+SIDES = ("process", "thread", "llama-server")
+#: words for prompts of a chosen length
+WORDS = ("the", "sea", "is", "wide", "and", "deep", "blue", "under", "a", "grey", "sky")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server: str) -> list[str]:
+    model = str(default_model_path())
+    if side == "llama-server":
+        cmd = [server, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["-np", str(slots), "-c", str(slots * n_ctx), "-t", str(threads)]
+        cmd += ["-tb", str(threads), "-fa", "auto", "--kv-unified", "--no-webui"]
+        return cmd
+    cmd = [sys.executable, "-m", "tokenbelt", "serve", model, "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--slots", str(slots), "--n-ctx", str(n_ctx)]
+    cmd += ["--threads", str(threads), "--threads-batch", str(threads)]
+    cmd += ["--isolation", side, "--queue-size", "64", "--total-timeout", "0"]
+    cmd += ["--prefix-cache-disk", "0"]
+    return cmd
+
+
+@contextlib.contextmanager
+def serving(command: list[str], port: int) -> Iterator[tuple[str, str]]:
+    """A server process, ready: (its URL, the model name it lists)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited with {process.returncode}")
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
+                answer = httpx.get(url + "/v1/models", timeout=1)
+                if answer.status_code == 200:
+                    name = str(answer.json()["data"][0]["id"])
+                    # the model may list before it loaded: one token proves it is ready
+                    body = {"model": name, "prompt": "hi", "max_tokens": 1}
+                    if httpx.post(url + "/v1/completions", json=body, timeout=60).is_success:
+                        yield url, name
+                        return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} did not become ready")
+            time.sleep(0.2)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _end_tokens() -> dict[str, float]:
+    vocab = load_vocab(default_model_path())
+    try:
+        ids = {vocab.token_eos()}
+        ids |= {t for t in vocab.tokenize(b"<|im_end|>", False, True) if t >= 0}
+        return {str(t): -100.0 for t in ids}
+    finally:
+        vocab.close()
+
+
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], leave_after: int | None = None
+) -> dict[str, Any]:
+    """One streamed request: send time, each content chunk's arrival, completion tokens."""
+    sent = time.perf_counter()
+    chunks: list[float] = []
+    tokens = 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    chunks.append(time.perf_counter())
+            usage = event.get("usage")
+            if isinstance(usage, dict) and usage.get("completion_tokens"):
+                tokens = int(usage["completion_tokens"])
+            if leave_after is not None and len(chunks) >= leave_after:
+                break
+    return {"sent": sent, "chunks": chunks, "tokens": tokens or len(chunks)}
+
+
+def _body(name: str, prompt: str, tokens: int, bias: dict[str, float]) -> dict[str, Any]:
+    return {
+        "model": name,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+        "temperature": 0.0,
+        "logit_bias": bias,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def _gaps(chunks: list[float]) -> list[float]:
+    return [(b - a) * 1000 for a, b in itertools.pairwise(chunks)]
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, float]:
+    first = min(r["sent"] for r in results)
+    last = max(r["chunks"][-1] for r in results if r["chunks"])
+    ttft = [(r["chunks"][0] - r["sent"]) * 1000 for r in results if r["chunks"]]
+    gaps = [g for r in results for g in _gaps(r["chunks"])]
+    return {
+        "tok_s": sum(r["tokens"] for r in results) / (last - first),
+        "ttft_p50_ms": statistics.median(ttft),
+        "ttft_p95_ms": _harness.percentile(ttft, 0.95),
+        "itl_p50_ms": statistics.median(gaps) if gaps else 0.0,
+        "itl_p95_ms": _harness.percentile(gaps, 0.95) if gaps else 0.0,
+    }
+
+
+async def _concurrent(url: str, name: str, n: int, tokens: int, bias: dict[str, float]) -> Any:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as c:
+        prompts = [f"Story {n}.{i}: tell me about the {WORDS[i % len(WORDS)]}." for i in range(n)]
+        return _summary(
+            await asyncio.gather(*(_stream(c, url, _body(name, p, tokens, bias)) for p in prompts))
+        )
+
+
+async def _mixed(url: str, name: str, tokens: int, bias: dict[str, float]) -> dict[str, float]:
+    long = " ".join(WORDS[i % len(WORDS)] for i in range(800))
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as c:
+        running = [
+            asyncio.create_task(
+                _stream(c, url, _body(name, f"Run {i}: the sea.", 2 * tokens, bias))
+            )
+            for i in range(4)
+        ]
+        await asyncio.sleep(1.0)
+        arrivals = []
+        for i in range(4):
+            body = _body(name, f"Arrival {i}: {long}. Sum it up.", 8, bias)
+            arrivals.append(asyncio.create_task(_stream(c, url, body)))
+            await asyncio.sleep(0.5)
+        ran, came = await asyncio.gather(*running), await asyncio.gather(*arrivals)
+    gaps = [g for r in ran for g in _gaps(r["chunks"])]
+    ttft = [(r["chunks"][0] - r["sent"]) * 1000 for r in came if r["chunks"]]
+    return {
+        "mixed_max_gap_ms": max(gaps),
+        "mixed_arrival_ttft_p50_ms": statistics.median(ttft),
+        "mixed_arrival_ttft_p95_ms": _harness.percentile(ttft, 0.95),
+    }
+
+
+async def _leave(url: str, name: str, bias: dict[str, float]) -> dict[str, float]:
+    """How long a one-slot server stays busy after each kind of leave (see the module)."""
+    long = " ".join(WORDS[i % len(WORDS)] for i in range(1500))
+
+    async def probe(c: httpx.AsyncClient, tag: str) -> float:
+        body = _body(name, f"Say {tag}.", 1, {})
+        r = await _stream(c, url, body)
+        return (r["chunks"][0] - r["sent"]) * 1000 if r["chunks"] else float("nan")
+
+    out: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=600) as c:
+        idle = statistics.median([await probe(c, f"idle {i}") for i in range(3)])
+        await _stream(c, url, _body(name, "Count the waves.", 400, bias), leave_after=10)
+        out["leave_decode_ms"] = await probe(c, "decode") - idle
+        with contextlib.suppress(TimeoutError, httpx.HTTPError):
+            body = _body(name, f"{long}. Sum it up.", 400, bias)
+            await asyncio.wait_for(_stream(c, url, body), 0.05)
+        out["leave_prefill_ms"] = await probe(c, "prefill") - idle
+        with contextlib.suppress(TimeoutError, httpx.HTTPError):
+            body = {**_body(name, "Count the stars.", 400, bias), "stream": False}
+            body.pop("stream_options")
+            await asyncio.wait_for(c.post(url + "/v1/chat/completions", json=body), 0.5)
+        out["leave_non_stream_ms"] = await probe(c, "non-stream") - idle
+    return out
+
+
+def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[str, float]:
+    port = _free_port()
+    out: dict[str, float] = {}
+    with serving(_command(side, port, args.slots, args.n_ctx, args.threads, server), port) as (
+        url,
+        name,
+    ):
+        for n in args.streams:
+            for key, value in asyncio.run(_concurrent(url, name, n, args.tokens, bias)).items():
+                out[f"{key}_{n}"] = value
+        out.update(asyncio.run(_mixed(url, name, args.tokens, bias)))
+    if args.leave:
+        port = _free_port()
+        with serving(_command(side, port, 1, args.n_ctx, args.threads, server), port) as (
+            url,
+            name,
+        ):
+            out.update(asyncio.run(_leave(url, name, bias)))
+    return out
+
+
+def run(args: Any) -> dict[str, Any]:
+    server = args.llama_server or os.environ.get("TOKENBELT_LLAMA_SERVER", "")
+    sides = [s for s in SIDES if s != "llama-server" or (server and Path(server).exists())]
+    bias = _end_tokens()
+    rounds: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    for i in range(args.rounds):
+        for side in sides if i % 2 == 0 else list(reversed(sides)):
+            rounds[side].append(one_side(side, args, server, bias))
+    out: dict[str, Any] = {"rounds": args.rounds, "tokens": args.tokens, "slots": args.slots}
+    out.update(threads=args.threads, n_ctx=args.n_ctx, sides=sides)
+    for side, results in rounds.items():
+        for key in results[0]:
+            out[f"{side}_{key}"] = round(statistics.median(r[key] for r in results), 1)
+    if "llama-server" in rounds:
+        for n in args.streams:
+            peer = out[f"llama-server_tok_s_{n}"]
+            out[f"ratio_tok_s_{n}"] = round(out[f"process_tok_s_{n}"] / peer, 3)
+            out[f"ratio_thread_tok_s_{n}"] = round(out[f"thread_tok_s_{n}"] / peer, 3)
+    return out
+
+
+def print_table(r: dict[str, Any]) -> None:
+    sides = r["sides"]
+    print(f"{r['slots']} slots x {r['n_ctx']} tokens, {r['threads']} threads, {r['tokens']} tokens")
+    print()
+    print(f"{'measure':<26}" + "".join(f"{s:>14}" for s in sides))
+    keys = sorted({k[len(sides[0]) + 1 :] for k in r if k.startswith(sides[0] + "_")})
+    for key in keys:
+        print(f"{key:<26}" + "".join(f"{r.get(f'{s}_{key}', ''):>14}" for s in sides))
+    ratios = [k for k in r if k.startswith("ratio_")]
+    if ratios:
+        print()
+        _harness.print_keys(r, ratios, 26)
+        met = {k: r[k] >= 1.0 for k in ratios if k.startswith("ratio_tok_s_")}
+        print(_harness.targets_line(met))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _harness.parser(__doc__)
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rounds, the sides' order alternating"
+    )
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per stream")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--n-ctx", type=int, default=2048, help="tokens per slot")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--leave", action="store_true", help="also busy-after-leave")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    args = _harness.parse(parser, argv)
+    if args.rounds < 1 or args.tokens < 2 or min(args.streams) < 1:
+        parser.error("--rounds and --streams must be >= 1, --tokens >= 2")
+    _harness.emit(run(args), args.json, print_table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

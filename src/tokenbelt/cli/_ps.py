@@ -1,0 +1,105 @@
+"""``tokenbelt ps``: the models a running ``tokenbelt serve`` serves, and where each stands.
+
+One ``GET /health``: for each model its state (and why it is not loaded), the memory it
+takes (weights, KV cache, prefix cache; the worker's resident set once measured), its
+slots and requests, its pin and when its keep-alive unloads it; then the memory budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ._common import Parser, fail
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / (1 << 20):.0f} MiB"
+
+
+def _row(status: dict[str, Any]) -> list[str]:
+    memory = status.get("memory") or {}
+    parts = "-"
+    if memory:
+        parts = "/".join(
+            _mib(memory[k]).replace(" MiB", "")
+            for k in ("weights_bytes", "kv_bytes", "cache_bytes")
+        )
+    expires = status.get("expires_in_s")
+    return [
+        status["name"],
+        status["state"],
+        _mib(memory.get("total_bytes")),
+        parts,
+        str(status["slots"]),
+        f"{status['running']}/{status['queued']}",
+        "yes" if status["pinned"] else "",
+        "never"
+        if status["keep_alive_s"] is None
+        else "-"
+        if expires is None
+        else f"{expires:.0f} s",
+        status.get("unloaded_because") or "",
+    ]
+
+
+_HEADER = ["MODEL", "STATE", "MEMORY", "WEIGHTS/KV/CACHE", "SLOTS", "RUN/QUEUED", "PINNED",
+           "UNLOADS IN", "WHY NOT LOADED"]  # fmt: skip
+
+
+def table(health: dict[str, Any]) -> str:
+    """The text ``tokenbelt ps`` prints for a ``/health`` body."""
+    rows = [_HEADER] + [_row(s) for s in health.get("model_status", {}).values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    memory = health.get("memory") or {}
+    budget = memory.get("budget_bytes")
+    lines.append(
+        f"memory: {_mib(memory.get('used_bytes', 0))} used of "
+        f"{'no budget' if budget is None else _mib(budget)}; "
+        f"{memory.get('evictions', 0)} evictions"
+    )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    import httpx
+
+    from ._chat_remote import server_root
+
+    root = server_root(args.url)
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        response = httpx.get(f"{root}/health", headers=headers, timeout=10.0)
+        body = response.json()
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach {root}: {exc} (is tokenbelt serve running there? give --url)")
+    except ValueError:
+        fail(f"{root}/health did not answer JSON: is it a tokenbelt serve?")
+    if response.status_code == 401 or "model_status" not in body:
+        if args.api_key:
+            fail(f"{root} did not accept this API key: give the server's own (--api-key)")
+        fail(f"{root} keeps model details for key holders: give --api-key (or TOKENBELT_API_KEY)")
+    shown = {"models": body["model_status"], "memory": body.get("memory")}
+    print(json.dumps(shown, indent=2) if args.json else table(body))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "ps",
+        help="the models a running server serves: state, memory, slots, pins, keep-alive",
+        description="Show the models of a running tokenbelt serve and where each stands.",
+    )
+    p.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TOKENBELT_API_KEY"),
+        help="Bearer key of the server (default: $TOKENBELT_API_KEY)",
+    )
+    p.add_argument("--json", action="store_true", help="print each model's status as JSON")
+    p.set_defaults(func=main)

@@ -1,0 +1,118 @@
+"""A GGUF file's header, read without its arrays: the metadata keys tokenbelt shows and the
+parameter count (the sum of the tensors' element counts).
+
+``gguf.GGUFReader`` decodes every metadata array, the vocabulary and merges among them,
+into Python objects: seconds for a small model, before any answer that reads a header
+(Ollama's ``/api/tags`` on a fresh server). Here a scalar is read where it lies and an
+array is stepped over; the tensors' shapes come after the metadata. The format is
+llama.cpp's ``docs/gguf.md`` (versions 2 and 3, little-endian).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._errors import ModelError
+
+# value types -> struct format of one scalar (8: string, 9: array)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
+_SCALARS |= {11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass
+class GGUFHeader:
+    """The scalar and string metadata of a GGUF file, and its parameter count."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    parameter_count: int = 0
+
+
+class _Cursor:
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data = data
+        self.at = 0
+
+    def unpack(self, fmt: str) -> Any:
+        value = struct.unpack_from(fmt, self.data, self.at)[0]
+        self.at += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        raw = self.data[self.at : self.at + n]
+        if len(raw) != n:
+            raise ValueError("a string runs past the end of the file")
+        self.at += n
+        return bytes(raw).decode("utf-8", "replace")
+
+    def skip_string(self) -> None:
+        self.at += 8 + struct.unpack_from("<Q", self.data, self.at)[0]
+
+    def value(self, kind: int) -> Any:
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            inner, count = self.unpack("<I"), self.unpack("<Q")
+            if inner == _STRING:
+                for _ in range(count):
+                    self.skip_string()
+            elif inner in _SCALARS:
+                self.at += struct.calcsize(_SCALARS[inner]) * count
+            else:
+                for _ in range(count):
+                    self.value(inner)
+            return None  # arrays are stepped over
+        if kind not in _SCALARS:
+            raise ValueError(f"unknown metadata type {kind}")
+        return self.unpack(_SCALARS[kind])
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """The header of the GGUF file ``path``; ``ModelError`` if it cannot be read as one."""
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _parse(data, path)
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _parse(data: mmap.mmap, path: Path) -> GGUFHeader:
+    cursor = _Cursor(data)
+    try:
+        if bytes(data[:4]) != b"GGUF":
+            raise ModelError(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
+        cursor.at = 4
+        version = cursor.unpack("<I")
+        if version not in (2, 3):
+            raise ModelError(f"{path} is GGUF version {version}; tokenbelt reads versions 2 and 3")
+        tensors, keys = cursor.unpack("<Q"), cursor.unpack("<Q")
+        header = GGUFHeader()
+        for _ in range(keys):
+            key = cursor.string()
+            value = cursor.value(cursor.unpack("<I"))
+            if value is not None:
+                header.metadata[key] = value
+        for _ in range(tensors):
+            cursor.skip_string()
+            dims = cursor.unpack("<I")
+            count = 1
+            for _ in range(dims):
+                count *= cursor.unpack("<Q")
+            cursor.at += 4 + 8  # the tensor's type and offset
+            header.parameter_count += count
+    except (struct.error, ValueError, IndexError) as exc:
+        raise ModelError(f"{path} has a damaged GGUF header: {exc}") from exc
+    return header
+
+
+def parameter_size(count: int) -> str:
+    """A parameter count as Ollama writes it: ``134.52M``, ``7.24B``."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}".rstrip("0").rstrip(".") + unit
+    return str(count)

@@ -1,0 +1,262 @@
+"""Embedding and rerank requests as the SDK hands them out.
+
+``prepare_inputs`` turns texts (or token ids) into an ``EmbeddingRequest`` with the
+model's own tokenizer, checking each input's length (truncating when asked) before
+anything queues. The request then goes through the model's admission queue like a
+chat request; ``EmbeddingStream`` is the caller's handle: iterate it for the vectors
+as each engine step finishes them, or ``read()``/``aread()`` them all; ``cancel()``,
+``close()``, a ``break`` or a cancelled task stops the engine between ubatches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import Cancelled, EndOfStream, IllegalState, InvalidArgument
+from ..belt import Belt, EndReason, Trace
+from ..engines import Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
+from ._stream import RELEASE_WAIT_S, OnBelt, Usage
+
+#: the most inputs one embedding request may carry
+MAX_INPUTS = 4096
+
+TextOrTokens = str | Sequence[int]
+
+
+def check_texts(texts: Sequence[Any], field_name: str = "input") -> None:
+    """Refuse an empty list, a non-string item or an empty string (``InvalidArgument``
+    naming ``field_name`` and the index); token-id lists are checked by the tokenizer."""
+    if isinstance(texts, str | bytes) or not isinstance(texts, Sequence):
+        raise InvalidArgument(
+            f"{field_name} must be a list of strings, got {type(texts).__name__}",
+            param=field_name,
+        )
+    if not texts:
+        raise InvalidArgument(f"{field_name} is empty: give at least one text", param=field_name)
+    if len(texts) > MAX_INPUTS:
+        raise InvalidArgument(
+            f"{field_name} has {len(texts)} items; at most {MAX_INPUTS} per request",
+            param=field_name,
+        )
+    for i, text in enumerate(texts):
+        where = f"{field_name}[{i}]"
+        if isinstance(text, str):
+            if not text:
+                raise InvalidArgument(f"{where} is an empty string", param=where)
+        elif isinstance(text, Sequence) and not isinstance(text, bytes):
+            if not text:
+                raise InvalidArgument(f"{where} is an empty list of token ids", param=where)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in text):
+                raise InvalidArgument(f"{where} must hold only token ids (integers)", param=where)
+        else:
+            raise InvalidArgument(
+                f"{where} must be a string (or a list of token ids), got {type(text).__name__}",
+                param=where,
+            )
+
+
+def _fit(tokens: list[int], info: EmbeddingInfo, truncate: bool, where: str) -> tuple[int, ...]:
+    if len(tokens) <= info.max_tokens:
+        return tuple(tokens)
+    if truncate:
+        return tuple(tokens[: info.max_tokens])
+    raise InvalidArgument(
+        f"{where} has {len(tokens)} tokens but this model embeds at most {info.max_tokens}; "
+        "shorten it or ask for truncation",
+        param=where,
+    )
+
+
+def prepare_inputs(
+    engine: Embeds,
+    texts: Sequence[TextOrTokens],
+    *,
+    truncate: bool,
+    normalize: bool,
+    field_name: str = "input",
+) -> EmbeddingRequest:
+    """Tokenize ``texts`` for ``engine`` (token-id lists are taken as they are, checked
+    against the vocabulary); raises ``InvalidArgument`` naming the input at fault."""
+    check_texts(texts, field_name)
+    info = engine.embedding_info()
+    if info.pooling == "rank":
+        raise InvalidArgument(
+            "this model is a reranker (pooling rank): it scores query-document pairs; "
+            "use rerank, not embeddings",
+            param="model",
+        )
+    strings = [t for t in texts if isinstance(t, str)]
+    tokenized = iter(engine.tokenize_inputs(strings)) if strings else iter(())
+    inputs = []
+    for i, text in enumerate(texts):
+        where = f"{field_name}[{i}]"
+        if isinstance(text, str):
+            tokens = next(tokenized)
+        else:
+            tokens = list(text)
+            bad = [t for t in tokens if not 0 <= t < info.vocab_size]
+            if bad:
+                raise InvalidArgument(
+                    f"{where}: token {bad[0]} is not in the vocabulary "
+                    f"(ids 0 to {info.vocab_size - 1})",
+                    param=where,
+                )
+        if not tokens:
+            raise InvalidArgument(f"{where} has no tokens", param=where)
+        inputs.append(_fit(tokens, info, truncate, where))
+    return EmbeddingRequest(tuple(inputs), normalize=normalize)
+
+
+def prepare_pairs(
+    engine: Embeds, query: str, documents: Sequence[str], *, truncate: bool
+) -> EmbeddingRequest:
+    """The (query, document) pairs of a rerank for ``engine``; ``InvalidArgument`` for a
+    model that is not a reranker, an empty query, or a bad document list."""
+    info = engine.embedding_info()
+    if info.pooling != "rank":
+        raise InvalidArgument(
+            f"this model cannot rerank: its pooling is {info.pooling} ({info.pooling_source}), "
+            "not rank; load a reranker model (a GGUF with pooling_type rank)",
+            param="model",
+        )
+    if not isinstance(query, str) or not query:
+        raise InvalidArgument("query must be a non-empty string", param="query")
+    check_texts(documents, "documents")
+    if not all(isinstance(d, str) for d in documents):
+        raise InvalidArgument("documents must be strings", param="documents")
+    pairs = engine.tokenize_pairs(query, list(documents))
+    inputs = tuple(
+        _fit(tokens, info, truncate, f"documents[{i}]") for i, tokens in enumerate(pairs)
+    )
+    return EmbeddingRequest(inputs, normalize=False)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """A finished embedding request: one vector per input, in input order.
+
+    ``array`` is a float32 numpy array (inputs x dimension); ``vectors`` the same as
+    lists of floats."""
+
+    array: Any
+    usage: Usage
+    trace: Trace
+    end_reason: EndReason
+
+    @property
+    def vectors(self) -> list[list[float]]:
+        return [[float(x) for x in row] for row in self.array]
+
+    @property
+    def dimension(self) -> int:
+        return int(self.array.shape[1]) if self.array.ndim == 2 else 0
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One document of a rerank: its index in the request, its score, its text."""
+
+    index: int
+    score: float
+    document: str
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A finished rerank: documents best first (the model's raw relevance scores)."""
+
+    results: tuple[Ranked, ...]
+    usage: Usage
+    trace: Trace
+    end_reason: EndReason = field(default=EndReason.STOP)
+
+
+class EmbeddingStream(OnBelt[Any]):
+    """The vectors of one embedding request as the engine finishes them.
+
+    Iterating (``for`` / ``async for``) yields ``Embedded`` chunks (``index``,
+    ``vectors``) in input order; reading applies backpressure like a token stream.
+    Leaving early, ``close()`` or ``cancel()`` stops the request (``user_cancel``)
+    between ubatches. ``read()`` raises ``Cancelled`` when the request ended for any
+    reason but ``stop`` (a deadline, a cancel): partial vectors are never a result.
+    """
+
+    def __init__(self, belt: Belt[Any], n_inputs: int) -> None:
+        super().__init__(belt)
+        self._n = n_inputs
+        self._chunks: list[Embedded] = []
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=self._belt.trace.prompt_tokens, completion_tokens=0)
+
+    def __iter__(self) -> Iterator[Embedded]:
+        reader = iter(self._belt)
+        try:
+            for chunk in reader:
+                self._chunks.append(chunk)
+                yield chunk
+        finally:
+            reader.close()
+
+    async def __aiter__(self) -> AsyncIterator[Embedded]:
+        try:
+            while True:
+                try:
+                    chunk = await self._belt.aget()
+                except EndOfStream:
+                    return
+                self._chunks.append(chunk)
+                yield chunk
+        finally:
+            if self._belt.end_reason is None:
+                self._belt.close()
+
+    def read(self) -> Embeddings:
+        """Every vector (blocking); ``Cancelled`` if the request did not finish."""
+        try:
+            for _ in self:
+                pass
+            self._belt.wait_released(RELEASE_WAIT_S)
+        except BaseException:
+            self.cancel()
+            raise
+        return self.result()
+
+    async def aread(self) -> Embeddings:
+        """Async ``read()``; a cancelled task cancels the request too."""
+        try:
+            async for _ in self:
+                pass
+            await self._belt.await_released(RELEASE_WAIT_S)
+        except BaseException:
+            self.cancel()
+            raise
+        return self.result()
+
+    def result(self) -> Embeddings:
+        """The vectors read, once the request ended ``stop``."""
+        import numpy as np
+
+        reason = self._belt.end_reason
+        if reason is None:
+            raise IllegalState("the request has not ended yet; read it first")
+        if reason is not EndReason.STOP:
+            raise Cancelled(reason)
+        chunks = sorted(self._chunks, key=lambda c: c.index)
+        array = np.concatenate([c.vectors for c in chunks]) if chunks else np.empty((0, 0))
+        return Embeddings(array=array, usage=self.usage, trace=self.trace, end_reason=reason)
+
+
+def ranking(stream: Embeddings, documents: Sequence[str], top_n: int | None) -> list[Ranked]:
+    """The documents best first, from a rank model's scores (first of each row)."""
+    scores = [float(row[0]) for row in stream.array]
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    if top_n is not None:
+        order = order[:top_n]
+    return [Ranked(i, scores[i], documents[i]) for i in order]

@@ -1,0 +1,48 @@
+"""A snapshot of one model's place in the runtime: loaded or not and why, what it holds
+in memory, its slots and requests, its pin and keep-alive (``Model.status()``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._memory import MemoryUse
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """What ``tokenbelt ps``, ``/health`` and Ollama's ``/api/ps`` show of a model."""
+
+    name: str
+    #: ``ModelState``'s value: loading, ready, idle_unloaded, closed
+    state: str
+    #: why it is not loaded (None while it is)
+    unloaded_because: str | None
+    pinned: bool
+    #: what it takes while loaded (None: not loaded, or nothing known)
+    memory: MemoryUse | None
+    slots: int
+    running: int
+    queued: int
+    #: seconds it stays loaded once idle (None: for ever)
+    keep_alive: float | None
+    #: seconds until its keep-alive unloads it, if it is loaded and idle now (else None)
+    expires_in_s: float | None
+    loads: int
+    evictions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "unloaded_because": self.unloaded_because,
+            "pinned": self.pinned,
+            "memory": None if self.memory is None else self.memory.to_dict(),
+            "slots": self.slots,
+            "running": self.running,
+            "queued": self.queued,
+            "keep_alive_s": self.keep_alive,
+            "expires_in_s": None if self.expires_in_s is None else round(self.expires_in_s, 1),
+            "loads": self.loads,
+            "evictions": self.evictions,
+        }

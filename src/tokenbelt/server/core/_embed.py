@@ -1,0 +1,144 @@
+"""The request path of embedding and rerank requests, shared by every dialect.
+
+Like a generation: the request id the answer carries, the caller's ownership, the
+``api`` label of its metrics, the request's deadlines, the bounded queue (429 when
+full), ``/v1/requests`` and its cancel, and the race against the client's disconnect
+(``client_disconnect``) all happen here. An embedding answer is all or nothing: a
+request that ended for any reason but ``stop`` is answered with an error that names
+its exact end reason (504 for a deadline, 503 for a shutdown, 409 for a cancel), never
+with part of its vectors.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import anyio
+from starlette.responses import JSONResponse, Response
+
+from ..._errors import Cancelled, InvalidArgument, RuntimeClosed
+from ...belt import EndReason, new_request_id
+from ...runtime import Embeddings, EmbeddingStream, Model
+from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
+from ._middleware import CALLER, REQUEST_ID
+from ._options import TokenbeltOptions
+from ._path import RELEASE_WAIT_S, Asgi, RequestPath, tokenbelt_final
+from ._responses import DeferredResponse
+
+
+async def submit_embedding(
+    path: RequestPath,
+    model: Model,
+    make: Callable[..., EmbeddingStream],
+    options: TokenbeltOptions | None,
+    *,
+    api: str,
+) -> EmbeddingStream:
+    """Queue an embedding or rerank request: ``make(limits=..., request_id=...)`` is the
+    model's ``embeddings`` or ``reranking`` with the body's inputs bound. Blocks (off
+    the event loop) only to reload the model and to tokenize."""
+    state = path.state
+    if state.shutting_down:
+        raise RuntimeClosed("the server is shutting down")
+    request_id = state.request_id_from(REQUEST_ID.get()) or new_request_id()
+    state.own(request_id, CALLER.get())
+    state.metrics.label(request_id, api)
+    try:
+        stream = await anyio.to_thread.run_sync(
+            partial(make, limits=state.limits_for(options, model), request_id=request_id)
+        )
+    except BaseException:
+        state.metrics.forget(request_id)
+        state.disown(request_id)
+        raise
+    state.track(stream)  # type: ignore[arg-type]
+    return stream
+
+
+def answer_embedding(
+    stream: EmbeddingStream,
+    render: Callable[[Embeddings], dict[str, Any]],
+    *,
+    shape: ErrorShape,
+) -> Response:
+    """The answer once every vector is in and the engine let go (raced against the
+    client's disconnect, which stops the request ``client_disconnect``)."""
+    head = {"x-request-id": stream.request_id}
+
+    def failed(status: int, message: str, type_: str, code: str, retry: bool) -> Response:
+        return error_response(
+            status,
+            message,
+            type_,
+            code,
+            headers=head if retry else {**head, **NO_RETRY},
+            extra={"tokenbelt": tokenbelt_final(stream)},  # type: ignore[arg-type]
+            shape=shape,
+        )
+
+    async def compute() -> Any:
+        try:
+            done = await stream.aread()
+        except Cancelled:
+            done = None
+        except Exception as exc:
+            await stream.await_released(RELEASE_WAIT_S)
+            status, type_, code = failure(exc)
+            return failed(status, f"embedding failed: {exc}", type_, code, True)
+        await stream.await_released(RELEASE_WAIT_S)
+        head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
+        if done is None:
+            reason = stream.end_reason or EndReason.RUNTIME_ERROR
+            message = f"the request ended with {reason.value}"
+            if reason.is_timeout:
+                return failed(504, message, "timeout", reason.value, False)
+            if reason is EndReason.SHUTDOWN:
+                return failed(503, message, "service_unavailable", "shutdown", False)
+            return failed(409, message, "cancelled", reason.value, False)
+        return JSONResponse(render(done), headers=head)
+
+    return Asgi(DeferredResponse(partial(stream.cancel, EndReason.CLIENT_DISCONNECT), compute))
+
+
+def shrink(rows: Any, dimensions: int | None) -> Any:
+    """Matryoshka truncation (``check_dimensions`` said yes): the first ``dimensions`` of
+    each vector, renormalised to unit length."""
+    if dimensions is None or dimensions == rows.shape[1]:
+        return rows
+    import numpy as np
+
+    cut = np.ascontiguousarray(rows[:, :dimensions])
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return cut / np.where(norms > 0, norms, 1.0)
+
+
+def check_dimensions(model: Model, dimensions: int | None, param: str = "dimensions") -> None:
+    """Refuse ``dimensions`` before anything queues unless the model's catalog entry lists
+    it among the sizes the model was trained to be cut to (``matryoshka``)."""
+    if dimensions is None:
+        return
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+        raise InvalidArgument(f"{param} must be a positive integer", param=param)
+    allowed: Sequence[int] = model.info.get("matryoshka") or ()
+    if not allowed:
+        raise InvalidArgument(
+            f"{param}: model {model.name} was not trained for Matryoshka truncation; "
+            "leave dimensions out",
+            param=param,
+        )
+    if dimensions not in allowed:
+        sizes = ", ".join(str(d) for d in allowed)
+        raise InvalidArgument(f"{param}: model {model.name} may be cut to {sizes}", param=param)
+
+
+def encode_vector(row: Any, encoding: str) -> list[float] | str:
+    """One vector as OpenAI sends it: floats, or base64 of little-endian float32."""
+    import numpy as np
+
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(row, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) if math.isfinite(x) else 0.0 for x in row]

@@ -1,0 +1,102 @@
+"""Ollama's embeddings: ``POST /api/embed`` and the legacy ``POST /api/embeddings``.
+
+Both take the request path every generation takes (queue, deadlines, stop, trace).
+``/api/embed`` answers ``embeddings`` (unit-length vectors, one per input) with
+Ollama's counters; ``/api/embeddings`` answers one ``embedding``, not normalised, as
+Ollama's legacy route does. ``truncate`` is Ollama's (true by default); with it false,
+an input longer than the model embeds is a 400 naming it. ``keep_alive`` applies as
+on ``/api/chat``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from ..._errors import InvalidArgument
+from ...runtime import Embeddings
+from ..core import (
+    RequestPath,
+    Serving,
+    UnsupportedParameter,
+    answer_embedding,
+    check_dimensions,
+    encode_vector,
+    shrink,
+    submit_embedding,
+)
+from . import _models
+from ._schemas import EmbedRequest, LegacyEmbedRequest, error_shape
+
+API = "ollama"
+
+router = APIRouter()
+
+
+def _ns(seconds: float | None) -> int:
+    return 0 if seconds is None else max(0, round(seconds * 1e9))
+
+
+async def _keep_alive(model: Any, seconds: Any) -> None:
+    if seconds is False:
+        return
+    if not model.reloadable:
+        raise UnsupportedParameter(
+            "keep_alive", f"model {model.name} was given ready-made engines and stays loaded"
+        )
+    await anyio.to_thread.run_sync(model.set_keep_alive, seconds)
+
+
+def _model(path: RequestPath, name: str) -> Any:
+    return path.state.model_for(_models.local_name(path.state, name))
+
+
+@router.post("/embed", summary="Ollama: embeddings of one input or many")
+async def embed(body: EmbedRequest, path: Serving) -> Response:
+    body.check_supported()
+    model = _model(path, body.model)
+    check_dimensions(model, body.dimensions)
+    seconds = body.keep_alive_seconds()
+    inputs = body.inputs()
+
+    def make(**queue: Any) -> Any:
+        return model.embeddings(inputs, truncate=body.truncate, **queue)
+
+    stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
+
+    def render(done: Embeddings) -> dict[str, Any]:
+        t = done.trace
+        return {
+            "model": model.name,
+            "embeddings": [encode_vector(r, "float") for r in shrink(done.array, body.dimensions)],
+            "total_duration": _ns(t.end_to_end),
+            "load_duration": 0,
+            "prompt_eval_count": done.usage.prompt_tokens,
+        }
+
+    await _keep_alive(model, seconds)
+    return answer_embedding(stream, render, shape=error_shape)
+
+
+@router.post("/embeddings", summary="Ollama: the legacy embedding of one prompt")
+async def embeddings(body: LegacyEmbedRequest, path: Serving) -> Response:
+    body.check_supported()
+    if not isinstance(body.prompt, str):
+        raise InvalidArgument("prompt must be a string", param="prompt")
+    model = _model(path, body.model)
+    seconds = body.keep_alive_seconds()
+    prompt = body.prompt
+
+    def make(**queue: Any) -> Any:
+        return model.embeddings([prompt], normalize=False, truncate=True, **queue)
+
+    stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
+
+    def render(done: Embeddings) -> dict[str, Any]:
+        return {"embedding": encode_vector(done.array[0], "float")}
+
+    await _keep_alive(model, seconds)
+    return answer_embedding(stream, render, shape=error_shape)
