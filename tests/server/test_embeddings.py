@@ -73,7 +73,7 @@ def test_the_openai_client_embeds_one_and_many(client: openai.OpenAI, served: Se
     vectors = np.array([d.embedding for d in many.data])
     assert [d.index for d in many.data] == [0, 1, 2]
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
-    assert np.array_equal(vectors[0], vectors[1])
+    assert np.allclose(vectors[0], vectors[1], atol=1e-4)  # the same text, but the last bits
     assert not np.allclose(vectors[0], vectors[2], atol=1e-3)
     assert np.allclose(vectors[0], one.data[0].embedding, atol=1e-5)
     assert many.usage.prompt_tokens == many.usage.total_tokens > 3

@@ -222,9 +222,10 @@ def test_a_stop_in_a_long_step_beside_another_stream_aborts_that_step() -> None:
     """A step that runs for seconds (here each graph node takes 4 ms, as on a machine
     whose cores are busy) while a stop lands in it beside a running stream: the stop
     watch aborts it ``stop_abort_after`` later instead of waiting for its end, and the
-    stream beside it goes on from its KV to the same text (flash attention off: its
-    sums depend on the batch's shape, so the text alone and beside another could differ
-    by a near tie)."""
+    stream beside it goes on from its KV: its next tokens are the ones it makes alone.
+    Only the next ones: llama.cpp's CPU kernels sum a row by the batch's shape, so the
+    text alone and beside another may part later at a near tie (on some CPUs within
+    these 12 tokens, flash attention off or on)."""
     batch, slow = slowed_engine(0.004, flash_attn="off")
     try:
         alone = start(batch, GenerationRequest.chat(SEA, greedy(12)))
@@ -237,6 +238,7 @@ def test_a_stop_in_a_long_step_beside_another_stream_aborts_that_step() -> None:
         steps = batch.statistics().steps
         poll(lambda: batch.statistics().steps > steps, "a step")
         time.sleep(0.1)  # a slow step is in flight now (it lasts seconds)
+        made = beside.trace.completion_tokens
         assert stopped.cancel(EndReason.USER_CANCEL)
         assert stopped.wait_released(NET)
         slow.clear()
@@ -244,8 +246,12 @@ def test_a_stop_in_a_long_step_beside_another_stream_aborts_that_step() -> None:
         assert lag is not None
         assert lag < batch.stop_abort_after + 0.5, f"released {lag:.3f} s after its stop"
         assert batch.statistics().stop_aborted_steps >= 1
-        assert "".join(beside) == expected
+        pieces = list(beside)  # a token each
         assert beside.end_reason is EndReason.LENGTH
+        assert len(pieces) == 12
+        # What it made before the aborted step and the two tokens after it: a KV cell
+        # lost or left by the abort would change them.
+        assert expected.startswith("".join(pieces[: made + 2])), (expected, pieces, made)
     finally:
         slow.clear()
         batch.close()

@@ -67,7 +67,9 @@ def test_vectors_are_unit_length_of_the_models_size_and_follow_the_text(engine: 
     assert belt.end_reason is EndReason.STOP
     assert v.shape == (3, 576)
     assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
-    assert np.array_equal(v[0], v[1])
+    # The same text twice in one batch: the same vector but for the last bits (the CPU's
+    # matrix kernels sum a row by where it sits in the batch).
+    assert np.allclose(v[0], v[1], atol=1e-4)
     assert float(v[0] @ v[2]) < 0.99
     assert belt.trace.prompt_tokens == sum(len(t) for t in engine.tokenize_inputs(texts))
 
