@@ -167,9 +167,9 @@ def test_a_thinking_deadline_starts_the_answer_within_one_step(thinker: BatchEng
     assert t.reasoning_started is not None
     assert t.reasoning_ended is not None
     deadline, step = t.reasoning_started + 0.3, max(t.token_gaps)
-    # The end marker went into the step expected to end at the deadline (a step of
-    # several tokens costs a few one-token steps), and the answer's first token came out
-    # of it, within a step of the deadline.
+    # The end marker went in a plain step and its own step before the deadline (a step
+    # of several tokens costs a few one-token steps), so the answer's first token came
+    # out by the deadline: within a step of it, on a machine whose steps vary.
     assert deadline - 4 * step <= t.reasoning_ended <= deadline + step
     assert t.answer_started is not None
     assert t.reasoning_ended <= t.answer_started <= deadline + step

@@ -864,14 +864,19 @@ class BatchEngine:
             self._wake = True
             self._cond.notify()
 
-    def _marker_step(self, decoding: int) -> float:
-        """Seconds the step that decodes a forced end marker beside ``decoding - 1`` other
-        decoding sequences is expected to take: measured on this machine (a step of a
-        few tokens costs several one-token steps on a CPU), else estimated per token."""
+    def _marker_lead(self, decoding: int) -> float:
+        """How long before a thinking deadline the end marker must go in, beside
+        ``decoding - 1`` other decoding sequences, for the answer's first token to come
+        out by the deadline: the step that decodes the marker, plus the plain step the
+        loop would run first if it waited (each as timed on this machine: a step of a few
+        tokens costs several one-token steps on a CPU). Forced then, the answer comes
+        out within a plain step before the deadline; forced one step later, it would
+        come up to a step after it."""
         fmt = self.reasoning
         if fmt is None:
             return 0.0
-        return self._step_cost(decoding + len(fmt.end_tokens)) or 0.0
+        plain = self._step_cost(decoding) or 0.0
+        return plain + (self._step_cost(decoding + len(fmt.end_tokens)) or 0.0)
 
     def _end_reasoning(self, seq: _Seq, by: str) -> None:
         """End the reasoning phase now (``budget``, ``deadline``): the end marker is
@@ -1063,11 +1068,11 @@ class BatchEngine:
         now = time.monotonic()
         stepping: list[_Seq] = []
         for seq in decoding:
-            if seq.think_until is not None and now + self._marker_step(len(decoding)) >= (
+            if seq.think_until is not None and now + self._marker_lead(len(decoding)) >= (
                 seq.think_until
             ):
-                # Its end marker goes in this step, timed so that the answer's first token
-                # comes out of it at the deadline rather than one long step after it.
+                # Its end marker goes in this step: waiting one more would put the
+                # answer's first token past the deadline.
                 self._end_reasoning(seq, "deadline")
             if seq.producer.has_room():
                 stepping.append(seq)
