@@ -33,54 +33,25 @@ Run: ``.venv/bin/python benchmarks/reasoning.py [--rounds N] [--tokens N]
 from __future__ import annotations
 
 import statistics
-import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import _harness
+from templates import THINKING_TEMPLATE, with_template
 from tokenbelt.belt import Belt
 from tokenbelt.engines import BatchEngine, GenerationRequest, Message, Piece, SamplingParams
 from tokenbelt.models import default_model_path
 
-#: the thinking template of the tests (``tests/templates.py``), kept here as text: a
-#: benchmark does not import the test suite
-THINKING_TEMPLATE = """\
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
-
-</think>
-
-{% else %}<think>
-{% endif %}{% endif %}"""
 STORY: list[Message] = [
     {"role": "user", "content": "Write a long story about a dragon who learns to fly."}
 ]
 #: slack the deadline target allows beyond one step
 SLACK_S = 0.005
-
-
-def with_template(source: Path, target: Path, template: str) -> None:
-    """Copy a GGUF file with its ``tokenizer.chat_template`` replaced (as the tests do)."""
-    reader = GGUFReader(str(source))
-    field = reader.fields["tokenizer.chat_template"]
-    start = field.offset
-    end = start + sum(part.nbytes for part in field.parts)
-    last = reader.tensors[-1].field
-    infos_end = last.offset + sum(part.nbytes for part in last.parts)
-    key = b"tokenizer.chat_template"
-    value = template.encode("utf-8")
-    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
-    raw = source.read_bytes()
-    header = raw[:start] + kv + raw[end:infos_end]
-    header += b"\0" * (-len(header) % reader.alignment)
-    target.write_bytes(header + raw[reader.data_offset :])
 
 
 def stream(engine: BatchEngine, **sampling: Any) -> tuple[Belt[str], list[tuple[float, str]]]:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from gguf import GGUFReader
 
-from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE, THINKING_TEMPLATE
+from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE, THINKING_TEMPLATE, with_template
 from tokenbelt.belt import invariants
 from tokenbelt.models import default_model_path
 
@@ -154,23 +152,6 @@ Return each call within <tool_call></tool_call> XML tags.<|im_end|>
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
-
-
-def with_template(source: Path, target: Path, template: str) -> None:
-    """Copy a GGUF file with its ``tokenizer.chat_template`` value replaced."""
-    reader = GGUFReader(str(source))
-    field = reader.fields["tokenizer.chat_template"]
-    start = field.offset
-    end = start + sum(part.nbytes for part in field.parts)
-    last = reader.tensors[-1].field
-    infos_end = last.offset + sum(part.nbytes for part in last.parts)
-    key = b"tokenizer.chat_template"
-    value = template.encode("utf-8")
-    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
-    raw = source.read_bytes()
-    header = raw[:start] + kv + raw[end:infos_end]
-    header += b"\0" * (-len(header) % reader.alignment)
-    target.write_bytes(header + raw[reader.data_offset :])
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,16 @@ tiny model stays coherent and ends its turns, and describe tools, render calls a
 results the way that family's real template does: Llama 3.1/3.2 ("Environment: ipython",
 a ``{"name": ..., "parameters": ...}`` JSON call, ``ipython`` turns for results) and
 Mistral (``[AVAILABLE_TOOLS]``, ``[TOOL_CALLS][...]`` with nine-character ids,
-``[TOOL_RESULTS]``).
+``[TOOL_RESULTS]``), and a Qwen3-style thinking template; ``with_template`` writes a
+copy of a GGUF file with one of them (the tests' fixtures and ``benchmarks/reasoning.py``).
 """
 
 from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from gguf import GGUFReader
 
 LLAMA3_TEMPLATE = """\
 {%- if messages[0].role == 'system' %}{% set system = messages[0].content %}\
@@ -80,3 +86,20 @@ THINKING_TEMPLATE = """\
 
 {% else %}<think>
 {% endif %}{% endif %}"""
+
+
+def with_template(source: Path, target: Path, template: str) -> None:
+    """Copy a GGUF file with its ``tokenizer.chat_template`` value replaced."""
+    reader = GGUFReader(str(source))
+    field = reader.fields["tokenizer.chat_template"]
+    start = field.offset
+    end = start + sum(part.nbytes for part in field.parts)
+    last = reader.tensors[-1].field
+    infos_end = last.offset + sum(part.nbytes for part in last.parts)
+    key = b"tokenizer.chat_template"
+    value = template.encode("utf-8")
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
+    raw = source.read_bytes()
+    header = raw[:start] + kv + raw[end:infos_end]
+    header += b"\0" * (-len(header) % reader.alignment)
+    target.write_bytes(header + raw[reader.data_offset :])
