@@ -17,7 +17,7 @@ from typing import Any
 from .._errors import Cancelled, EndOfStream, IllegalState, InvalidArgument
 from ..belt import Belt, EndReason, Trace
 from ..engines import Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
-from ._stream import RELEASE_WAIT_S, OnBelt, Usage
+from ._stream import OnBelt, Usage
 
 #: the most inputs one embedding request may carry
 MAX_INPUTS = 4096
@@ -219,24 +219,12 @@ class EmbeddingStream(OnBelt[Any]):
 
     def read(self) -> Embeddings:
         """Every vector (blocking); ``Cancelled`` if the request did not finish."""
-        try:
-            for _ in self:
-                pass
-            self._belt.wait_released(RELEASE_WAIT_S)
-        except BaseException:
-            self.cancel()
-            raise
+        self._drain()
         return self.result()
 
     async def aread(self) -> Embeddings:
         """Async ``read()``; a cancelled task cancels the request too."""
-        try:
-            async for _ in self:
-                pass
-            await self._belt.await_released(RELEASE_WAIT_S)
-        except BaseException:
-            self.cancel()
-            raise
+        await self._adrain()
         return self.result()
 
     def result(self) -> Embeddings:

@@ -125,6 +125,33 @@ class OnBelt(Generic[_T]):
         """Async ``wait_released()``: True once the trace holds the release time."""
         return await self._belt.await_released(timeout)
 
+    def __iter__(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+    def _drain(self) -> None:
+        """Read every item, then wait (at most ``RELEASE_WAIT_S``) for the release; any
+        exception meanwhile (a ``KeyboardInterrupt``) cancels the request first."""
+        try:
+            for _ in self:
+                pass
+            self._belt.wait_released(RELEASE_WAIT_S)
+        except BaseException:
+            self.cancel()
+            raise
+
+    async def _adrain(self) -> None:
+        """Async ``_drain()``: a cancelled task cancels the request too."""
+        try:
+            async for _ in self:
+                pass
+            await self._belt.await_released(RELEASE_WAIT_S)
+        except BaseException:
+            self.cancel()
+            raise
+
     def __enter__(self) -> Self:
         return self
 
@@ -265,24 +292,12 @@ class Stream(OnBelt[str]):
         (or any exception) while waiting cancels the request with ``user_cancel``
         before it propagates.
         """
-        try:
-            for _ in self:
-                pass
-            self._belt.wait_released(RELEASE_WAIT_S)
-        except BaseException:
-            self.cancel()
-            raise
+        self._drain()
         return self.reply()
 
     async def aread(self) -> Reply:
         """Async ``read()``; a cancelled task cancels the request too."""
-        try:
-            async for _ in self:
-                pass
-            await self._belt.await_released(RELEASE_WAIT_S)
-        except BaseException:
-            self.cancel()
-            raise
+        await self._adrain()
         return self.reply()
 
     def reply(self) -> Reply:
