@@ -294,53 +294,44 @@ class PullRequest(NameRequest):
     insecure: bool = False
 
 
-class EmbedRequest(BaseModel):
-    """``POST /api/embed``: ``input`` (a string or a list), ``truncate`` (Ollama's default:
-    cut inputs longer than the model embeds), ``dimensions``, ``keep_alive``; the
-    vectors are unit length, as Ollama's are."""
+class _Embedding(BaseModel):
+    """What both embedding routes take beside their inputs: the model, ``keep_alive``,
+    empty ``options`` and tokenbelt's own options."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field("", max_length=200)
-    input: Any = Field(..., description="a string or a list of strings")
-    truncate: bool = True
-    dimensions: int | None = None
     keep_alive: float | str | None = None
     options: dict[str, Any] | None = Field(
         None, description="accepted when empty: embeddings take no sampling options"
     )
     tokenbelt: TokenbeltOptions | None = None
 
+    def keep_alive_seconds(self) -> float | Literal[False] | None:
+        return parse_keep_alive(self.keep_alive)
+
+    def check_supported(self) -> None:
+        if self.options:
+            raise UnsupportedParameter(
+                "options", f"embeddings take no options (got {', '.join(sorted(self.options))})"
+            )
+
+
+class EmbedRequest(_Embedding):
+    """``POST /api/embed``: ``input`` (a string or a list), ``truncate`` (Ollama's default:
+    cut inputs longer than the model embeds), ``dimensions``, ``keep_alive``; the
+    vectors are unit length, as Ollama's are."""
+
+    input: Any = Field(..., description="a string or a list of strings")
+    truncate: bool = True
+    dimensions: int | None = None
+
     def inputs(self) -> list[Any]:
         return [self.input] if isinstance(self.input, str) else self.input
 
-    def keep_alive_seconds(self) -> float | Literal[False] | None:
-        return parse_keep_alive(self.keep_alive)
 
-    def check_supported(self) -> None:
-        if self.options:
-            raise UnsupportedParameter(
-                "options", f"embeddings take no options (got {', '.join(sorted(self.options))})"
-            )
-
-
-class LegacyEmbedRequest(BaseModel):
+class LegacyEmbedRequest(_Embedding):
     """``POST /api/embeddings`` (Ollama's first embeddings route): one ``prompt``; its
     vector is not normalised, as Ollama's legacy route gives it."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    model: str = Field("", max_length=200)
     prompt: Any = Field(..., description="one string")
-    keep_alive: float | str | None = None
-    options: dict[str, Any] | None = None
-    tokenbelt: TokenbeltOptions | None = None
-
-    def keep_alive_seconds(self) -> float | Literal[False] | None:
-        return parse_keep_alive(self.keep_alive)
-
-    def check_supported(self) -> None:
-        if self.options:
-            raise UnsupportedParameter(
-                "options", f"embeddings take no options (got {', '.join(sorted(self.options))})"
-            )
