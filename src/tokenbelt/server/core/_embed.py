@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse, Response
 from ..._errors import Cancelled, InvalidArgument, RuntimeClosed
 from ...belt import EndReason, new_request_id
 from ...runtime import Embeddings, EmbeddingStream, Model
-from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
+from ._errors import ErrorShape, compact_json, failure
 from ._middleware import CALLER, REQUEST_ID
 from ._options import TokenbeltOptions
-from ._path import RELEASE_WAIT_S, Asgi, RequestPath, tokenbelt_final
+from ._path import RELEASE_WAIT_S, Asgi, RequestPath, end_failure
 from ._responses import DeferredResponse
 
 
@@ -70,15 +70,7 @@ def answer_embedding(
     head = {"x-request-id": stream.request_id}
 
     def failed(status: int, message: str, type_: str, code: str, retry: bool) -> Response:
-        return error_response(
-            status,
-            message,
-            type_,
-            code,
-            headers=head if retry else {**head, **NO_RETRY},
-            extra={"tokenbelt": tokenbelt_final(stream)},  # type: ignore[arg-type]
-            shape=shape,
-        )
+        return end_failure(stream, head, status, message, type_, code, retry=retry, shape=shape)
 
     async def compute() -> Any:
         try:

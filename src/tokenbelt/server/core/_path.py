@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from ..._errors import RuntimeClosed
 from ...belt import EndReason, new_request_id
 from ...engines import GenerationRequest
-from ...runtime import Model, ModelState, Stream
+from ...runtime import EmbeddingStream, Model, ModelState, Stream
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._middleware import CALLER, REQUEST_ID
 from ._options import TokenbeltOptions
@@ -54,7 +54,7 @@ class Asgi(Response):
         await self.app(scope, receive, send)
 
 
-def tokenbelt_final(stream: Stream) -> dict[str, Any]:
+def tokenbelt_final(stream: Stream | EmbeddingStream) -> dict[str, Any]:
     """The ``tokenbelt`` object of a finished request: its exact end reason and trace,
     and for a thinking model the phase it ended in (``ended_in``; ``answer_started``
     false, with a ``note``, when its end came before any answer)."""
@@ -75,6 +75,31 @@ def tokenbelt_final(stream: Stream) -> dict[str, Any]:
                     "tokenbelt.reasoning_timeout) so the answer starts in time"
                 )
     return final
+
+
+def end_failure(
+    ended: Stream | EmbeddingStream,
+    head: dict[str, str],
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    *,
+    retry: bool,
+    shape: ErrorShape,
+) -> Response:
+    """A non-streamed answer's error for ``ended``, in the API's ``shape``, with its exact
+    end reason and trace beside it; ``retry=False`` adds ``x-should-retry: false`` (a
+    retry would repeat work the server stopped)."""
+    return error_response(
+        status,
+        message,
+        type_,
+        code,
+        headers=head if retry else {**head, **NO_RETRY},
+        extra={"tokenbelt": tokenbelt_final(ended)},
+        shape=shape,
+    )
 
 
 def with_reasoning(
@@ -267,15 +292,7 @@ class RequestPath:
         def failed(
             ended: Stream, status: int, message: str, type_: str, code: str, retry: bool = True
         ) -> Response:
-            return error_response(
-                status,
-                message,
-                type_,
-                code,
-                headers=head if retry else {**head, **NO_RETRY},
-                extra={"tokenbelt": tokenbelt_final(ended)},
-                shape=shape,
-            )
+            return end_failure(ended, head, status, message, type_, code, retry=retry, shape=shape)
 
         streams = [stream, *also]
 

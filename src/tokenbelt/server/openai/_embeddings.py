@@ -117,7 +117,7 @@ async def embeddings(body: EmbeddingRequest, path: Serving) -> Response:
                 "prompt_tokens": done.usage.prompt_tokens,
                 "total_tokens": done.usage.prompt_tokens,
             },
-            "tokenbelt": tokenbelt_final(stream),  # type: ignore[arg-type]
+            "tokenbelt": tokenbelt_final(stream),
         }
 
     return answer_embedding(stream, render, shape=openai_shape)
@@ -150,7 +150,7 @@ async def rerank(body: RerankRequest, path: Serving) -> Response:
                 "prompt_tokens": done.usage.prompt_tokens,
                 "total_tokens": done.usage.prompt_tokens,
             },
-            "tokenbelt": tokenbelt_final(stream),  # type: ignore[arg-type]
+            "tokenbelt": tokenbelt_final(stream),
         }
 
     return answer_embedding(stream, render, shape=openai_shape)
