@@ -138,3 +138,30 @@ def test_a_step_sampled_while_held_crosses_as_one_frame_in_order() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_tokens_sampled_after_a_cancel_reach_the_parent_with_the_release() -> None:
+    """A cancel carries no token count: the worker's producer sends the tokens it counted
+    since its last item with the release, so the parent's completion count is the
+    engine's (a thinking model's reasoning count would otherwise exceed it)."""
+    from multiprocessing.connection import Pipe
+
+    from tokenbelt.engines.worker import _messages as m
+    from tokenbelt.engines.worker._child import _Forward, _Link
+
+    ours, theirs = Pipe()
+    producer = _Forward(_Link(theirs), 1, "req", 4, None)
+    try:
+        producer.count_token()
+        producer.put_nowait(" a")
+        producer.count_token()  # sampled while the parent's cancel was on its way
+        producer.stop(EndReason.TOTAL_TIMEOUT)
+        producer.count_token()
+        producer.release()
+        sent = [m.decode(ours.recv()) for _ in range(2)]
+        assert sent[0] == m.Item(1, " a", 1)
+        assert isinstance(sent[1], m.Release)
+        assert sent[1].tokens == 2
+    finally:
+        ours.close()
+        theirs.close()

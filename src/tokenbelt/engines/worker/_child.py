@@ -286,7 +286,11 @@ class _Forward(Producer[Any]):
         peers = sorted(self._trace.batched_with)
         stats = self._link.stats() if self._link.stats is not None else None
         t = self._trace
-        self._link.send(Release(self.rid, peers, stats, t.draft_tokens, t.accepted_draft_tokens))
+        with self._cond:  # a cancel sends no count: the tokens sampled since go here
+            tokens, self._tokens = self._tokens, 0
+        self._link.send(
+            Release(self.rid, peers, stats, t.draft_tokens, t.accepted_draft_tokens, tokens)
+        )
 
     def count_prompt(self, tokens: int) -> None:
         self._link.send(Prompt(self.rid, tokens))

@@ -187,6 +187,8 @@ class Release:
     #: tokens drafted and verified for the request, and those accepted
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    #: tokens generated that no item, finish or failure carried (a cancel's last ones)
+    tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -326,7 +326,9 @@ class WorkerEngine:
                 p.fail(DecodeError(error))
             case msg.Cancel(_, reason):
                 p.cancel(reason)
-            case msg.Release(_, batched_with, statistics, drafted, accepted):
+            case msg.Release(_, batched_with, statistics, drafted, accepted, tokens):
+                for _ in range(tokens):
+                    p.count_token()
                 p.trace.batched_with.update(batched_with)
                 p.count_draft(drafted, accepted)
                 if statistics is not None:
