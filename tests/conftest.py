@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -16,6 +17,12 @@ from tokenbelt.models import default_model_path
 
 # Every trace event of every test is checked against the timeline's invariants.
 invariants.enable()
+
+# Tests send SIGINT to the commands they start, as a terminal's Ctrl-C would. A suite
+# started in the background by a shell without job control inherits SIGINT ignored, and
+# would hand that to every child (``models pull`` would then never see the signal).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Threads owned by long-lived machinery outside any one test.
 _IGNORED_THREAD_PREFIXES = (

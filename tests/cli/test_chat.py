@@ -40,8 +40,9 @@ STATUS = re.compile(
 
 
 @contextlib.contextmanager
-def chat(*args: str, columns: int = 120) -> Iterator[pexpect.spawn]:
-    """``tokenbelt chat ARGS`` in a pty; killed at the end if it is still running."""
+def chat(*args: str, columns: int = 120, sigint_ignored: bool = False) -> Iterator[pexpect.spawn]:
+    """``tokenbelt chat ARGS`` in a pty; killed at the end if it is still running.
+    ``sigint_ignored``: started as a shell without job control starts ``cmd &``."""
     env = {**os.environ, "TERM": "xterm", "COLUMNS": str(columns), "LINES": "40"}
     child = pexpect.spawn(
         sys.executable,
@@ -50,6 +51,9 @@ def chat(*args: str, columns: int = 120) -> Iterator[pexpect.spawn]:
         timeout=NET_S,
         dimensions=(40, columns),
         env=env,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
     try:
         yield child
@@ -128,6 +132,15 @@ def test_ctrl_c_mid_reply_stops_generation_and_the_prompt_returns() -> None:
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
+
+
+@pytest.mark.model
+def test_ctrl_c_stops_a_chat_started_with_sigint_ignored() -> None:
+    """Ctrl-C is the chat's Stop key even when it was started with SIGINT ignored."""
+    with chat(
+        str(default_model_path()), "--max-tokens", "4000", *WORDY, sigint_ignored=True
+    ) as child:
+        assert _stop_mid_reply(child)["reason"] == "user_cancel"
 
 
 @pytest.mark.model

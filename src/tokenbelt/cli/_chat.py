@@ -250,6 +250,9 @@ def main(args: argparse.Namespace) -> int:
         import readline  # noqa: F401  (line editing and history for input())
     _note(console, "/help lists the commands; Ctrl-C stops a reply; /exit or Ctrl-D leaves.")
     previous = signal.signal(signal.SIGTERM, on_terminate(backend))
+    # Ctrl-C is the chat's Stop key: started with SIGINT ignored (as a shell without job
+    # control starts a background command), the chat still takes it.
+    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return chat_loop(backend, console, args.max_tokens)
     except Terminated:
@@ -263,3 +266,4 @@ def main(args: argparse.Namespace) -> int:
     finally:
         backend.close()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, interrupt)
