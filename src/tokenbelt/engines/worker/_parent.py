@@ -76,6 +76,12 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_BOUND_S = 5.0
 
 
+def _count_tokens(producer: Producer[Any], tokens: int) -> None:
+    """The tokens a worker's message carried, counted on the parent's belt."""
+    for _ in range(tokens):
+        producer.count_token()
+
+
 class WorkerEngine:
     """A ``BatchEngine`` in a worker process, driven like one (``slots``, ``start``).
 
@@ -295,8 +301,7 @@ class WorkerEngine:
         p = job.producer
         match message:
             case msg.Item(_, item, tokens):
-                for _ in range(tokens):
-                    p.count_token()
+                _count_tokens(p, tokens)
                 try:
                     p.put_nowait(item)
                 except Cancelled:
@@ -315,20 +320,17 @@ class WorkerEngine:
             case msg.Reasoning(_, at, tokens, ended_by):
                 p.trace.mark_reasoning(tokens, ended_by, at)
             case msg.Finish(_, reason, tokens, stop_sequence):
-                for _ in range(tokens):
-                    p.count_token()
+                _count_tokens(p, tokens)
                 if stop_sequence is not None:
                     p.trace.stop_sequence = stop_sequence
                 p.finish(reason)
             case msg.Fail(_, error, tokens):
-                for _ in range(tokens):
-                    p.count_token()
+                _count_tokens(p, tokens)
                 p.fail(DecodeError(error))
             case msg.Cancel(_, reason):
                 p.cancel(reason)
             case msg.Release(_, batched_with, statistics, drafted, accepted, tokens):
-                for _ in range(tokens):
-                    p.count_token()
+                _count_tokens(p, tokens)
                 p.trace.batched_with.update(batched_with)
                 p.count_draft(drafted, accepted)
                 if statistics is not None:
