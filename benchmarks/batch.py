@@ -63,12 +63,12 @@ class Bare:
         import llama_cpp
         from llama_cpp import _internals
 
-        from tokenbelt.engines import quiet_native_logs
+        from tokenbelt.engines import model_params, quiet_native_logs
 
         quiet_native_logs()  # llama.cpp's own log lines to logging, as the engine does
         self.lib: Any = llama_cpp
         self.model: Any = _internals.LlamaModel(
-            path_model=path, params=llama_cpp.llama_model_default_params(), verbose=False
+            path_model=path, params=model_params(), verbose=False
         )
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = sequences * n_ctx

@@ -140,13 +140,16 @@ def decode_engine(engine: BatchEngine, request: GenerationRequest) -> DecodeRun:
 def bare_llama(threads: int) -> Any:
     from llama_cpp import Llama
 
-    return Llama(
-        str(default_model_path()),
-        n_ctx=4096,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
+    from tokenbelt.engines import amx_safe
+
+    with amx_safe():  # the weights as tokenbelt's engines load them
+        return Llama(
+            str(default_model_path()),
+            n_ctx=4096,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
 
 
 def best_bare_threads(tokens: int) -> tuple[int, dict[int, float]]:

@@ -111,6 +111,7 @@ def test_a_reply_wraps_at_word_boundaries_at_the_terminal_edge() -> None:
         assert all(len(line) <= 60 for line in lines), lines
         for line, following in itertools.pairwise(lines):
             assert len(line) < 60 or not (line[-1].isalnum() and following[0].isalnum()), lines
+        child.expect_exact(PROMPT)  # a Ctrl-D sent before readline reads the terminal is lost
         child.sendeof()
         child.expect(pexpect.EOF)
 

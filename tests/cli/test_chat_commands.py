@@ -126,6 +126,7 @@ def test_a_reply_cut_by_max_tokens_says_so() -> None:
         assert child.match["reason"] == "length"
         child.expect_exact("the reply stopped at the 3-token limit")
         child.expect_exact("--max-tokens N")
+        child.expect_exact(PROMPT)
         child.sendeof()
         child.expect(pexpect.EOF)
 

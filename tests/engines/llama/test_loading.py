@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,13 @@ from typing import Any
 import pytest
 
 from tokenbelt import LoadTimeout, ModelLoadError
-from tokenbelt.engines import LlamaEngine, check_gguf_file, load_with_deadline
+from tokenbelt.engines import (
+    LlamaEngine,
+    amx_safe,
+    check_gguf_file,
+    load_with_deadline,
+    model_params,
+)
 from tokenbelt.models import default_model_path
 
 NET = 30.0
@@ -207,3 +215,50 @@ def test_engine_load_timeout_frees_the_late_engine(monkeypatch: pytest.MonkeyPat
     assert closed.wait(NET), "the engine that loaded late was not closed"
     assert len(loaded) == 1
     assert loaded[0]._closed
+
+
+# -- AMX: llama.cpp's AMX kernel crashes on prompts at this commit ------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("amx", [True, False])
+def test_weights_skip_the_amx_layout_only_on_a_cpu_with_amx(
+    amx: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both engines' loads (the batch engine's own parameters, and ``Llama`` inside
+    ``amx_safe``) turn weight repacking off exactly where the CPU backend has AMX,
+    and the binding's own defaults are left as they were."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as binding
+
+    from tokenbelt.engines.llama import _binding
+
+    monkeypatch.setattr(_binding, "cpu_has_amx", lambda: amx)
+    assert model_params().use_extra_bufts is (not amx)
+    with amx_safe():
+        llm = llama_cpp.Llama(str(default_model_path()), n_ctx=64, verbose=False)
+    try:
+        assert llm.model_params.use_extra_bufts is (not amx)
+        assert llm.tokenize(b"one two three")  # loaded, and usable
+    finally:
+        llm.close()
+    assert binding.llama_model_default_params().use_extra_bufts is True
+
+
+@pytest.mark.model
+def test_a_batch_of_many_tokens_decodes_on_this_cpu() -> None:
+    """The crash it avoids: on a CPU with AMX, the first decode of two or more tokens
+    (the batch engine's warm-up at load is one) segfaulted the process. Checked in a
+    child, so that a crash fails this test alone."""
+    script = (
+        "from tokenbelt.engines import BatchEngine;"
+        "from tokenbelt.models import default_model_path;"
+        "e = BatchEngine.load(default_model_path(), n_ctx=256, slots=1);"
+        "e.close();"
+        "print('loaded')"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=NET
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["loaded"]

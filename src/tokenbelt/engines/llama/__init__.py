@@ -3,7 +3,7 @@ lands inside a step), its grammar sampler, thread tuning and loading, the native
 they share, and the single-sequence baseline the benchmarks measure against."""
 
 from ._batch import KV_TYPES, BatchEngine, KeptPrompts, check_fits, check_request
-from ._binding import quiet_native_logs
+from ._binding import amx_safe, model_params, quiet_native_logs
 from ._embed import (
     MAX_EMBED_TOKENS,
     check_inputs,
@@ -58,6 +58,7 @@ __all__ = [
     "KeptPrompts",
     "LlamaEngine",
     "ReasoningFormat",
+    "amx_safe",
     "call_arguments",
     "chat_formatter",
     "check_disk_budget",
@@ -79,6 +80,7 @@ __all__ = [
     "json_object_grammar",
     "load_vocab",
     "load_with_deadline",
+    "model_params",
     "pair_tokens",
     "prompt_tokens",
     "quiet_native_logs",

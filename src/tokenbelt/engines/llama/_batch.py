@@ -79,7 +79,7 @@ from .._base import OnExit, check_can_start, run_to_end
 from .._embedding import EmbeddingInfo, EmbeddingRequest
 from .._request import GenerationRequest, Piece, SamplingParams, TokenLogprob, check_draft
 from .._statistics import BatchStatistics
-from ._binding import flag_abort_callback, quiet_native_logs
+from ._binding import flag_abort_callback, model_params, quiet_native_logs
 from ._draft import Lookup, best_length
 from ._embed import (
     Embedder,
@@ -408,7 +408,7 @@ class BatchEngine:
         )
         self.n_seq_max = self.slots + self.cache_entries
         try:
-            mparams = llama_cpp.llama_model_default_params()
+            mparams = model_params()
             mparams.n_gpu_layers = n_gpu_layers
             # verbose=True: not more output (llama.cpp's log lines are routed to logging
             # above), but no swapping of the process's stdout and stderr for /dev/null

@@ -33,7 +33,7 @@ from ..._errors import Cancelled, DecodeError, IllegalState, ModelLoadError, Pro
 from ...belt import EndReason, Producer
 from .._base import OnThreads
 from .._request import GenerationRequest, SamplingParams, refuse, refuse_grammar
-from ._binding import flag_abort_callback, quiet_native_logs
+from ._binding import amx_safe, flag_abort_callback, quiet_native_logs
 from ._loading import check_gguf_file, load_gguf
 from ._native import (
     StopMatcher,
@@ -76,15 +76,16 @@ class LlamaEngine(OnThreads):
         from llama_cpp import Llama
 
         try:
-            self._llm: Any = Llama(
-                str(path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                n_threads_batch=n_threads_batch,
-                n_gpu_layers=n_gpu_layers,
-                n_batch=n_batch,
-                verbose=False,
-            )
+            with amx_safe():
+                self._llm: Any = Llama(
+                    str(path),
+                    n_ctx=n_ctx,
+                    n_threads=n_threads,
+                    n_threads_batch=n_threads_batch,
+                    n_gpu_layers=n_gpu_layers,
+                    n_batch=n_batch,
+                    verbose=False,
+                )
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {path}: {exc}") from exc
         import llama_cpp
