@@ -209,7 +209,11 @@ def peer(tokens: int, threads: int) -> float | None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path())]
+    # (weights in the plain CPU layout, as tokenbelt loads them: see ``model_params``)
+    launch = "import llama_cpp.llama_cpp as c; from tokenbelt.engines import model_params; "
+    launch += "c.llama_model_default_params = model_params; "
+    launch += "from llama_cpp.server.__main__ import main; main()"
+    cmd = [sys.executable, "-c", launch, "--model", str(default_model_path())]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads)]
     # By default a new request cuts the running stream short: four at once would be
     # four interruptions, not four streams. This way it serves them one after another.

@@ -294,7 +294,10 @@ def peer(engine: LlamaEngine, trials: int, tokens: int) -> dict[str, Any]:
         n_threads=engine._llm.n_threads,
         verbose=False,
     )
-    app = create_peer_app(server_settings=PeerSettings(), model_settings=[model])
+    from tokenbelt.engines import amx_safe
+
+    with amx_safe():  # the weights as tokenbelt's engines load them
+        app = create_peer_app(server_settings=PeerSettings(), model_settings=[model])
     probe = {"prompt": "Hi", "max_tokens": 1, "temperature": 0.0}
     with serving(app) as url, httpx.Client(timeout=NET) as client:
 

@@ -141,9 +141,20 @@ def test_models_add_remote_and_load(tmp_path: Path) -> None:
 COUNT = "Count from 1 to 1000, one number per line."
 
 
+#: runs llama-cpp-python's server with weights in the plain CPU layout: on a CPU with AMX
+#: llama.cpp's AMX kernel segfaults on any prompt (see ``engines.llama.model_params``)
+LAUNCH_LLAMA_SERVER = """
+import llama_cpp.llama_cpp
+from llama_cpp.server.__main__ import main
+from tokenbelt.engines.llama import model_params
+llama_cpp.llama_cpp.llama_model_default_params = model_params
+main()
+"""
+
+
 def llama_server(tmp: Path) -> Process:
     port = free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path())]
+    command = [sys.executable, "-c", LAUNCH_LLAMA_SERVER, "--model", str(default_model_path())]
     command += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
     # By default it cuts a running stream short (a bare [DONE]) when any other request
     # arrives, a front's health check included.
