@@ -13,7 +13,9 @@ in the same run, with the same inputs (short sentences of a few tokens each):
 
 For 1, 32 and 512 inputs (``--sizes``) each side reports inputs/s and tokens/s (the
 median over ``--rounds`` runs); ``sdk_ratio`` and ``http_ratio`` are its inputs/s over
-bare's, target >= 0.9.
+bare's at the best thread count, target >= 0.9: the median over rounds in which bare,
+sdk and http each run once, next to each other (run one side's rounds after the
+other's, the ratio followed the machine's drift between them).
 
 Interference: three chat streams decode ``--chat-tokens`` greedy tokens alone, then
 again while one embedding request of ``--batch`` inputs runs. ``chat_ratio`` is the
@@ -152,6 +154,22 @@ def timed(run: Callable[[], object], rounds: int) -> float:
     return statistics.median(times)
 
 
+def paired(sides: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Each side's seconds in ``rounds`` rounds that run every side once, next to each
+    other, in an order that turns each round (after one untimed warm-up run of each):
+    run one side after another, a ratio swings with the machine's drift between them."""
+    names = list(sides)
+    for name in names:
+        sides[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            started = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - started)
+    return times
+
+
 def chat_rate(model: Model, tokens: int, during: Callable[[], object] | None) -> dict[str, float]:
     """Three greedy chat streams of ``tokens`` tokens; with ``during``, run beside them."""
     streams = [
@@ -213,24 +231,41 @@ def main() -> None:
                     finally:
                         bare.close()
                 best = min(bare_s, key=lambda t: bare_s[t])
-                sdk_s = timed(lambda t=texts: model.embed(t), args.rounds)
 
                 def http(t: list[str] = texts) -> None:
                     r = client.post("/v1/embeddings", json={"model": model.name, "input": t})
                     r.raise_for_status()
 
-                http_s = timed(http, args.rounds)
+                bare = Bare(engine._model, info.max_tokens, best)
+                try:
+                    runs = paired(
+                        {
+                            "bare": lambda b=bare, t=tokens: b.embed(t),
+                            "sdk": lambda t=texts: model.embed(t),
+                            "http": http,
+                        },
+                        args.rounds,
+                    )
+                finally:
+                    bare.close()
+                sides = {side: statistics.median(times) for side, times in runs.items()}
                 result["sizes"][n] = {
                     "tokens": n_tokens,
                     "bare_threads": best,
-                    "bare_inputs_s": round(n / bare_s[best], 1),
-                    "bare_tokens_s": round(n_tokens / bare_s[best], 1),
-                    "sdk_inputs_s": round(n / sdk_s, 1),
-                    "sdk_tokens_s": round(n_tokens / sdk_s, 1),
-                    "http_inputs_s": round(n / http_s, 1),
-                    "http_tokens_s": round(n_tokens / http_s, 1),
-                    "sdk_ratio": round(bare_s[best] / sdk_s, 3),
-                    "http_ratio": round(bare_s[best] / http_s, 3),
+                    **{
+                        f"{side}_{unit}_s": round(count / sides[side], 1)
+                        for side in sides
+                        for unit, count in (("inputs", n), ("tokens", n_tokens))
+                    },
+                    **{
+                        f"{side}_ratio": round(
+                            statistics.median(
+                                b / x for b, x in zip(runs["bare"], runs[side], strict=True)
+                            ),
+                            3,
+                        )
+                        for side in ("sdk", "http")
+                    },
                 }
         alone = chat_rate(model, args.chat_tokens, None)
         batch = sentences(args.batch)
