@@ -143,17 +143,6 @@ def serving(app: Any) -> Iterator[str]:
 # -- measuring -------------------------------------------------------------------------------
 
 
-def timed(run: Callable[[], object], rounds: int) -> float:
-    """The median seconds of ``rounds`` runs (after one untimed warm-up run)."""
-    run()
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def paired(sides: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
     """Each side's seconds in ``rounds`` rounds that run every side once, next to each
     other, in an order that turns each round (after one untimed warm-up run of each):
@@ -168,6 +157,11 @@ def paired(sides: dict[str, Callable[[], object]], rounds: int) -> dict[str, lis
             sides[name]()
             times[name].append(time.perf_counter() - started)
     return times
+
+
+def timed(run: Callable[[], object], rounds: int) -> float:
+    """The median seconds of ``rounds`` runs (after one untimed warm-up run)."""
+    return statistics.median(paired({"run": run}, rounds)["run"])
 
 
 def chat_rate(model: Model, tokens: int, during: Callable[[], object] | None) -> dict[str, float]:
@@ -223,49 +217,47 @@ def main() -> None:
                 texts = sentences(n)
                 tokens = engine.tokenize_inputs(texts)
                 n_tokens = sum(len(t) for t in tokens)
-                bare_s: dict[int, float] = {}
-                for threads in counts:
-                    bare = Bare(engine._model, info.max_tokens, threads)
-                    try:
-                        bare_s[threads] = timed(lambda b=bare, t=tokens: b.embed(t), args.rounds)
-                    finally:
-                        bare.close()
-                best = min(bare_s, key=lambda t: bare_s[t])
-
-                def http(t: list[str] = texts) -> None:
-                    r = client.post("/v1/embeddings", json={"model": model.name, "input": t})
-                    r.raise_for_status()
-
-                bare = Bare(engine._model, info.max_tokens, best)
+                # Every thread count's loop stays open until the best is known; that
+                # one then runs again beside the SDK and HTTP.
+                bares = {t: Bare(engine._model, info.max_tokens, t) for t in counts}
                 try:
+                    bare_s = {
+                        threads: timed(lambda b=b, t=tokens: b.embed(t), args.rounds)
+                        for threads, b in bares.items()
+                    }
+                    best = min(bare_s, key=lambda t: bare_s[t])
+
+                    def http(t: list[str] = texts) -> None:
+                        r = client.post("/v1/embeddings", json={"model": model.name, "input": t})
+                        r.raise_for_status()
+
                     runs = paired(
                         {
-                            "bare": lambda b=bare, t=tokens: b.embed(t),
+                            "bare": lambda b=bares[best], t=tokens: b.embed(t),
                             "sdk": lambda t=texts: model.embed(t),
                             "http": http,
                         },
                         args.rounds,
                     )
                 finally:
-                    bare.close()
-                sides = {side: statistics.median(times) for side, times in runs.items()}
+                    for b in bares.values():
+                        b.close()
+                seconds = {side: statistics.median(times) for side, times in runs.items()}
+                ratios = {
+                    side: statistics.median(
+                        b / x for b, x in zip(runs["bare"], runs[side], strict=True)
+                    )
+                    for side in ("sdk", "http")
+                }
                 result["sizes"][n] = {
                     "tokens": n_tokens,
                     "bare_threads": best,
                     **{
-                        f"{side}_{unit}_s": round(count / sides[side], 1)
-                        for side in sides
+                        f"{side}_{unit}_s": round(count / s, 1)
+                        for side, s in seconds.items()
                         for unit, count in (("inputs", n), ("tokens", n_tokens))
                     },
-                    **{
-                        f"{side}_ratio": round(
-                            statistics.median(
-                                b / x for b, x in zip(runs["bare"], runs[side], strict=True)
-                            ),
-                            3,
-                        )
-                        for side in ("sdk", "http")
-                    },
+                    **{f"{side}_ratio": round(r, 3) for side, r in ratios.items()},
                 }
         alone = chat_rate(model, args.chat_tokens, None)
         batch = sentences(args.batch)
