@@ -7,15 +7,16 @@ in the same run, with the same inputs (short sentences of a few tokens each):
   ``embeddings=True`` context on the loaded model, inputs packed into one batch with a
   sequence id each (as many as fit the ubatch), ``llama_decode``, then
   ``llama_get_embeddings_seq`` per input and an L2 normalisation. It runs at each
-  thread count of ``--threads`` and the best is the baseline;
+  thread count of ``--threads`` in every round, and the round's fastest is its baseline;
 - **sdk**: ``model.embed(texts)`` (queueing, tokenising, the engine's packing, the belt);
 - **http**: ``POST /v1/embeddings`` to a real uvicorn on 127.0.0.1 (JSON floats).
 
 For 1, 32 and 512 inputs (``--sizes``) each side reports inputs/s and tokens/s (the
 median over ``--rounds`` runs); ``sdk_ratio`` and ``http_ratio`` are its inputs/s over
-bare's at the best thread count, target >= 0.9: the median over rounds in which bare,
-sdk and http each run once, next to each other (run one side's rounds after the
-other's, the ratio followed the machine's drift between them).
+bare's (the fastest thread count of that round), target >= 0.9: the median over
+rounds in which every bare count, sdk and http each run once, next to each other (run
+one side's rounds after the other's, the ratio followed the machine's drift between
+them).
 
 Interference: three chat streams decode ``--chat-tokens`` greedy tokens alone, then
 again while one embedding request of ``--batch`` inputs runs. ``chat_ratio`` is the
@@ -159,11 +160,6 @@ def paired(sides: dict[str, Callable[[], object]], rounds: int) -> dict[str, lis
     return times
 
 
-def timed(run: Callable[[], object], rounds: int) -> float:
-    """The median seconds of ``rounds`` runs (after one untimed warm-up run)."""
-    return statistics.median(paired({"run": run}, rounds)["run"])
-
-
 def chat_rate(model: Model, tokens: int, during: Callable[[], object] | None) -> dict[str, float]:
     """Three greedy chat streams of ``tokens`` tokens; with ``during``, run beside them."""
     streams = [
@@ -217,32 +213,32 @@ def main() -> None:
                 texts = sentences(n)
                 tokens = engine.tokenize_inputs(texts)
                 n_tokens = sum(len(t) for t in tokens)
-                # Every thread count's loop stays open until the best is known; that
-                # one then runs again beside the SDK and HTTP.
+                # Every thread count's bare loop runs in every round, beside the SDK and
+                # HTTP: a round's baseline is its fastest count (the machine's best at
+                # that moment; one count chosen once kept a weak baseline on a busy day).
                 bares = {t: Bare(engine._model, info.max_tokens, t) for t in counts}
                 try:
-                    bare_s = {
-                        threads: timed(lambda b=b, t=tokens: b.embed(t), args.rounds)
-                        for threads, b in bares.items()
-                    }
-                    best = min(bare_s, key=lambda t: bare_s[t])
 
                     def http(t: list[str] = texts) -> None:
                         r = client.post("/v1/embeddings", json={"model": model.name, "input": t})
                         r.raise_for_status()
 
+                    sides: dict[str, Callable[[], object]] = {
+                        f"bare@{threads}": lambda b=b, t=tokens: b.embed(t)
+                        for threads, b in bares.items()
+                    }
                     runs = paired(
-                        {
-                            "bare": lambda b=bares[best], t=tokens: b.embed(t),
-                            "sdk": lambda t=texts: model.embed(t),
-                            "http": http,
-                        },
+                        {**sides, "sdk": lambda t=texts: model.embed(t), "http": http},
                         args.rounds,
                     )
                 finally:
                     for b in bares.values():
                         b.close()
-                seconds = {side: statistics.median(times) for side, times in runs.items()}
+                bare_s = {t: statistics.median(runs[f"bare@{t}"]) for t in counts}
+                best = min(bare_s, key=lambda t: bare_s[t])
+                per_count = (runs[f"bare@{t}"] for t in counts)
+                runs["bare"] = [min(r) for r in zip(*per_count, strict=True)]
+                seconds = {side: statistics.median(runs[side]) for side in ("bare", "sdk", "http")}
                 ratios = {
                     side: statistics.median(
                         b / x for b, x in zip(runs["bare"], runs[side], strict=True)
