@@ -25,13 +25,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import filelock
-import httpx
 
 from .._errors import DownloadCancelled, DownloadError, IntegrityError
 from ._integrity import HASH_CHUNK
+
+# httpx (with its command line, a tenth of a second) is imported where a download starts.
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger("tokenbelt.models.download")
 
@@ -218,6 +222,8 @@ class _Transfer:
 
     def run(self, client: httpx.Client) -> tuple[str, int]:
         """Fill the partial file; returns (sha256, resumed from). Raises on any failure."""
+        import httpx
+
         for _ in range(3):
             offset = self._on_disk()
             if offset > self.size:
@@ -273,6 +279,8 @@ class _Transfer:
 
 
 def new_client(timeouts: DownloadTimeouts) -> httpx.Client:
+    import httpx
+
     return httpx.Client(
         timeout=httpx.Timeout(timeouts.stall, connect=timeouts.connect),
         follow_redirects=True,

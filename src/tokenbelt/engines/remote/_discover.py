@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from ..._errors import UpstreamUnavailable
 
 
@@ -39,6 +37,8 @@ def list_models(
 
     Raises ``UpstreamUnavailable`` with the cause when the upstream cannot be asked.
     """
+    import httpx  # on first use: most processes never list an upstream's models
+
     base = url.rstrip("/").removesuffix("/v1")
     try:
         answer = httpx.get(f"{base}/v1/models", headers=dict(headers or {}), timeout=timeout)

@@ -47,9 +47,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import Cancelled, InvalidArgument, UpstreamError, UpstreamUnavailable
 from ...belt import EndReason, Producer
@@ -65,6 +63,12 @@ from ._wire import (
     raise_for_status,
     request_body,
 )
+
+# aiohttp takes a fifth of a second to import: it is imported where it is first used, so a
+# process that never speaks to an upstream (a worker, a CLI command, a local serve)
+# does not pay for it.
+if TYPE_CHECKING:
+    import aiohttp
 
 logger = logging.getLogger("tokenbelt.engines.remote")
 
@@ -101,6 +105,8 @@ def _upstream_socket(addr_info: tuple[Any, ...]) -> socket.socket:
 
 async def _open_session(connect_timeout: float) -> aiohttp.ClientSession:
     """The engine's session, made on its loop (aiohttp binds a session to one)."""
+    import aiohttp
+
     connector = aiohttp.TCPConnector(limit=0, socket_factory=_upstream_socket)
     return aiohttp.ClientSession(
         connector=connector,
@@ -311,6 +317,8 @@ class RemoteEngine:
         return job.cancelling
 
     async def _cancel_at(self, job: _Job, state: UpstreamState) -> None:
+        import aiohttp
+
         request_id = job.upstream_id or job.producer.trace.request_id
         try:
             async with self._session.post(
@@ -345,6 +353,8 @@ class RemoteEngine:
 
     async def _fetch_upstream_trace(self, job: _Job) -> None:
         """From a tokenbelt upstream: its trace of this request, once it has released."""
+        import aiohttp
+
         state, info = job.state, job.producer.trace.upstream
         if state is None or not state.tokenbelt or info is None:
             return
@@ -403,6 +413,8 @@ class RemoteEngine:
         return headers
 
     async def _attempt(self, job: _Job, state: UpstreamState) -> EndReason:
+        import aiohttp
+
         u = state.upstream
         chat = job.request.messages is not None
         path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -449,6 +461,8 @@ class RemoteEngine:
     async def _drain(events: AsyncGenerator[str, None]) -> None:
         """Read the end of a finished body, so that its connection serves the next request
         (one left unread is closed); an upstream that keeps it open gets a second."""
+        import aiohttp
+
         with contextlib.suppress(TimeoutError, aiohttp.ClientError, UpstreamError):
             async with asyncio.timeout(1.0):
                 async for _ in events:
@@ -541,6 +555,8 @@ class RemoteEngine:
 
     async def check(self, state: UpstreamState) -> bool:
         """Ask one upstream's ``/v1/models``; True when it answers 200 (on the loop)."""
+        import aiohttp
+
         try:
             # Its own connection, closed after: never one a request would reuse.
             async with self._session.get(

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncGenerator
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import UpstreamError, UpstreamUnavailable
 from .._request import GenerationRequest
+
+if TYPE_CHECKING:
+    import aiohttp  # imported on first use (see ``_engine.py``)
 
 #: the longest event line an upstream may send (a longer one is an error)
 MAX_EVENT_BYTES = 256 * 1024
