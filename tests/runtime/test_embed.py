@@ -2,7 +2,10 @@
 traces and end reasons as chat, beside chat on the same loaded model.
 
 One runtime and the real default model (a chat model, pooled by ``mean``) for the
-module; inputs are short so every test stays quick.
+module; inputs are short so every test stays quick. Rerank runs on a test reranker made
+from that model (``tests/rerankers.py``: a qwen3 GGUF with a classification head whose
+scores are ``sigmoid(w . h)``, ``h`` a pair's last hidden state): its scores are no
+relevance, but each one can be computed from that file pooled by ``last``.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from rerankers import as_reranker, sigmoid
 from tokenbelt import (
     Cancelled,
     EndReason,
@@ -27,6 +32,7 @@ from tokenbelt import (
     Runtime,
     ScriptedEngine,
 )
+from tokenbelt.engines import BatchEngine
 from tokenbelt.models import Home, default_model_path
 
 pytestmark = pytest.mark.model
@@ -245,3 +251,126 @@ def test_a_catalog_entry_sets_kind_pooling_and_context(tokenbelt_home: Path) -> 
         assert model.embed("hello").dimension == 576
         with pytest.raises(InvalidArgument, match="is an embedding model: it does not generate"):
             model.complete("hello")
+
+
+# -- rerank on a reranker (tests/rerankers.py) ------------------------------------------------
+
+QUERY = "what is the sea?"
+#: documents of different lengths, the first one twice
+DOCUMENTS = ["the sea is wide", "a cat", "tax forms are due in April", "waves", "the sea is wide"]
+#: how far a pair's logit may move with its place in a ubatch: llama.cpp's CPU kernels
+#: are not bit-identical across ubatch layouts (about 0.01 seen; the documents' logits
+#: lie more than 0.2 apart, which the tests check)
+LAYOUT_SLACK = 0.05
+
+
+@dataclass(frozen=True)
+class Reranker:
+    #: the test reranker as its GGUF says: pooling rank
+    model: Model
+    #: the same file pooled by ``last``: each input's last hidden state, unnormalised
+    last: Model
+    #: the head's scoring row ``w``: a pair's score is ``sigmoid(w . h)``
+    head: np.ndarray
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reranker]:
+    path = tmp_path_factory.mktemp("reranker") / "smollm2-rank.gguf"
+    head = as_reranker(Path(default_model_path()), path)
+    # One thread: the thread tuner's trial of two on a busy two-core machine took seconds.
+    with Runtime(keep_alive=None, n_ctx=256, slots=1, n_threads=1, n_threads_batch=1) as rt:
+        model = rt.load(str(path), load_timeout=120)
+        last = rt.add_engines(
+            "smollm2-rank-last",
+            lambda: [
+                BatchEngine(
+                    path, pooling="last", n_ctx=256, slots=1, n_threads=1, n_threads_batch=1
+                )
+            ],
+        )
+        yield Reranker(model, last, head)
+
+
+def pairs_of(reranker: Reranker, documents: Sequence[str]) -> list[list[int]]:
+    return reranker.model.engines[0].tokenize_pairs(QUERY, documents)  # type: ignore[attr-defined, no-any-return]
+
+
+def logit(scores: np.ndarray) -> np.ndarray:
+    p = scores.astype(np.float64)
+    return np.asarray(np.log(p) - np.log1p(-p))
+
+
+def test_a_reranker_scores_each_pair_by_its_head_on_that_pairs_last_hidden_state(
+    reranker: Reranker,
+) -> None:
+    """Every score is the head applied to its own pair's hidden state, in a batch of pairs
+    of different lengths: no score comes from another pair's sequence."""
+    info = reranker.model.embedding_info()
+    assert (info.pooling, info.pooling_source, info.dimension) == ("rank", "gguf", 2)
+    pairs = pairs_of(reranker, DOCUMENTS)
+    # This vocabulary adds no BOS, EOS or SEP: a pair is the query's tokens, the document's.
+    tokens = reranker.model.engines[0].tokenize_inputs  # type: ignore[attr-defined]
+    (query,) = tokens([QUERY])
+    assert pairs == [query + t for t in tokens(DOCUMENTS)]
+    assert len({len(p) for p in pairs}) == 4
+    rows = reranker.model.reranking(QUERY, DOCUMENTS).read().array
+    assert rows.shape == (5, 2)
+    np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-6)  # a softmax of two outputs
+    # The same pairs in one request pooled by last: the same ubatch, the same layout.
+    hidden = reranker.last.embed(pairs, normalize=False).array
+    assert hidden.shape == (5, 576)
+    assert np.linalg.norm(hidden, axis=1).min() > 2  # not unit length: normalize=False held
+    np.testing.assert_allclose(rows[:, 0], sigmoid(hidden @ reranker.head), rtol=1e-5, atol=1e-6)
+    # Each pair alone (one sequence, no packing) gives its own score, up to the layout.
+    alone = np.array(
+        [reranker.last.embed([p], normalize=False).array[0] @ reranker.head for p in pairs]
+    )
+    np.testing.assert_allclose(logit(rows[:, 0]), alone, atol=LAYOUT_SLACK)
+    distinct = alone[:4]
+    gaps = np.abs(distinct[:, None] - distinct[None, :])[np.triu_indices(4, 1)]
+    assert gaps.min() > 4 * LAYOUT_SLACK, alone  # a mixed-up pair could not pass
+
+
+def test_rerank_lists_the_documents_best_first_each_naming_its_own(reranker: Reranker) -> None:
+    """Results best first, each result's index, score and text its own document's; top_n
+    keeps the best; usage counts every pair's tokens; the async call agrees."""
+    model = reranker.model
+    pairs = pairs_of(reranker, DOCUMENTS)
+    ranked = model.rerank(QUERY, DOCUMENTS)
+    results = ranked.results
+    assert sorted(r.index for r in results) == list(range(5))
+    assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+    assert [r.document for r in results] == [DOCUMENTS[r.index] for r in results]
+    # Each score is its own document's: the head on that pair's hidden state.
+    hidden = reranker.last.embed(pairs, normalize=False).array
+    expected = sigmoid(hidden @ reranker.head)
+    for r in results:
+        assert r.score == pytest.approx(float(expected[r.index]), rel=1e-5)
+    # The same pair twice: the same score, up to its place in the ubatch.
+    by_index = {r.index: r.score for r in results}
+    twice = logit(np.array([by_index[0], by_index[4]]))
+    assert float(twice[0]) == pytest.approx(float(twice[1]), abs=LAYOUT_SLACK)
+    assert ranked.usage.prompt_tokens == sum(len(p) for p in pairs)
+    trace = ranked.trace.to_dict()
+    assert (trace["kind"], trace["inputs"], trace["end_reason"]) == ("rerank", 5, "stop")
+    top = asyncio.run(model.arerank(QUERY, DOCUMENTS, top_n=2))
+    assert [(r.index, r.document) for r in top.results] == [
+        (r.index, r.document) for r in results[:2]
+    ]
+    assert [r.score for r in top.results] == pytest.approx([r.score for r in results[:2]])
+    assert top.usage.prompt_tokens == ranked.usage.prompt_tokens  # every pair was scored
+    with pytest.raises(InvalidArgument, match="top_n must be a positive integer") as caught:
+        model.rerank(QUERY, DOCUMENTS, top_n=0)
+    assert caught.value.param == "top_n"
+
+
+def test_a_reranker_refuses_embeddings_and_pairs_too_long(reranker: Reranker) -> None:
+    """Embeddings from a reranker are refused, naming rerank; so is a pair past its limit."""
+    for ask in (lambda: reranker.model.embed("the sea"), lambda: reranker.model.embeddings(["x"])):
+        with pytest.raises(InvalidArgument, match=r"a reranker \(pooling rank\).*use rerank") as c:
+            ask()
+        assert c.value.param == "model"
+    with pytest.raises(InvalidArgument, match=r"documents\[1\] has \d+ tokens .* at most 256"):
+        reranker.model.rerank(QUERY, ["short", "word " * 300])
+    assert reranker.model.statistics().queued == 0

@@ -3,7 +3,8 @@ and httpx: vectors, refusals naming the field, and the request path every genera
 takes (deadlines, disconnect, cancel, the bounded queue, ``/v1/requests``).
 
 One server for the module with the real default model (a chat model: pooled by mean,
-no rank pooling, no Matryoshka sizes).
+no rank pooling, no Matryoshka sizes); rerank's answers come from a server of its own
+on a test reranker made from that model (``tests/rerankers.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import numpy as np
 import openai
 import pytest
 
-from .conftest import NET, Served, SharedServer, real_runtime, shared_server
+from rerankers import as_reranker
+from tokenbelt import Runtime
+from tokenbelt.models import default_model_path
+
+from .conftest import NET, Served, ServeFactory, SharedServer, real_runtime, shared_server
 
 pytestmark = pytest.mark.model
 
@@ -130,6 +135,61 @@ def test_rerank_on_a_model_that_is_no_reranker_is_a_400(served: Served, path: st
     error = r.json()["error"]
     assert error["param"] == "model"
     assert "cannot rerank: its pooling is mean" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def reranker_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("reranker") / "smollm2-rank.gguf"
+    as_reranker(Path(default_model_path()), path)
+    return path
+
+
+def test_a_reranker_answers_both_rerank_routes_best_first_as_the_sdk_does(
+    serve: ServeFactory, reranker_path: Path
+) -> None:
+    """/v1/rerank and /rerank give the SDK's scores, best first, each naming its document;
+    top_n and return_documents are honoured; embeddings from a reranker are a 400."""
+    # One thread: the thread tuner's trial of two on a busy two-core machine took seconds.
+    served = serve(Runtime(keep_alive=None, n_ctx=256, slots=1, n_threads=1, n_threads_batch=1))
+    model = served.runtime.load(str(reranker_path), load_timeout=120)
+    query = "what is the sea?"
+    documents = ["the sea is wide", "a cat", "tax forms are due in April", "waves"]
+    sdk = model.rerank(query, documents)
+    r = post(served, "/v1/rerank", {"model": model.name, "query": query, "documents": documents})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    results = answer["results"]
+    assert [x["index"] for x in results] == [x.index for x in sdk.results]
+    assert [x["relevance_score"] for x in results] == pytest.approx(
+        [x.score for x in sdk.results], rel=1e-6
+    )
+    scores = [x["relevance_score"] for x in results]
+    assert scores == sorted(scores, reverse=True)
+    assert len(set(scores)) == 4
+    assert [x["document"]["text"] for x in results] == [documents[x["index"]] for x in results]
+    assert answer["model"] == model.name
+    assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"]
+    assert answer["usage"]["prompt_tokens"] == sdk.usage.prompt_tokens
+    trace = record(served, r.headers["x-request-id"])
+    assert (trace["kind"], trace["inputs"], trace["end_reason"]) == ("rerank", 4, "stop")
+    body = {
+        "model": model.name,
+        "query": query,
+        "documents": [{"text": d} for d in documents],  # Cohere's document objects
+        "top_n": 2,
+        "return_documents": False,
+    }
+    r = post(served, "/rerank", body)
+    assert r.status_code == 200, r.text
+    top = r.json()["results"]
+    assert [x["index"] for x in top] == [x["index"] for x in results[:2]]
+    assert [x["relevance_score"] for x in top] == pytest.approx(scores[:2], rel=1e-6)
+    assert all("document" not in x for x in top)
+    r = post(served, "/v1/embeddings", {"model": model.name, "input": "the sea"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "model"
+    assert "this model is a reranker (pooling rank)" in error["message"]
 
 
 def test_a_total_deadline_is_a_504_total_timeout(served: Served) -> None:
