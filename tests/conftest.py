@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 import time
@@ -23,6 +24,23 @@ invariants.enable()
 # would hand that to every child (``models pull`` would then never see the signal).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _pin_this_worker() -> None:
+    """Under pytest-xdist, give each worker its own share of the cores (CPU affinity, which
+    the processes it starts inherit): every model a test loads then sees a machine of that
+    many cores and sizes its threads to it, rather than two workers' llama.cpp thread
+    teams spinning against each other on the same cores."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        os.sched_setaffinity(0, cores[int(worker[2:]) % count :: count])
+
+
+_pin_this_worker()
 
 # Threads owned by long-lived machinery outside any one test.
 _IGNORED_THREAD_PREFIXES = (

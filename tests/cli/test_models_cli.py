@@ -57,7 +57,10 @@ def test_list_json_shows_the_default_model(home: Path, capsys: pytest.CaptureFix
     assert row["state"] in ("unverified", "verified")
 
 
-def test_list_table(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_table(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # a wide terminal: no cell is wrapped
     code, out, _ = run(capsys, "models", "list")
     assert code == 0
     assert DEFAULT_VARIANT in out

@@ -33,14 +33,17 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 START_NET_S = 60.0
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps its event loop (on greenlets) in
+# the main thread while it runs, and a test of another package in the same process (a
+# pytest-xdist worker takes files in any order) could then run no event loop of its own.
+@pytest.fixture(scope="package")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a ready ``tokenbelt serve`` (one for the web tests that need no other)."""
     with serve_default_model(tmp_path_factory.mktemp("serve"), START_NET_S) as url:
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")

@@ -1,0 +1,1 @@
+"""The web chat in a real Chromium, against a real ``tokenbelt serve``."""
