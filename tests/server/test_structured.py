@@ -463,7 +463,10 @@ def test_a_deadline_inside_a_constrained_stream_lands_within_a_step(
             response_format=person_format(LONG),
             max_tokens=2000,
             stream=True,
-            extra_body={"tokenbelt": {"total_timeout": 0.5}},
+            # Long enough for the grammar and the prompt on one core of a busy machine (a
+            # test worker's share: 0.5 s ended some runs before the first token), far too
+            # short for 2,000 tokens: the deadline lands inside the stream.
+            extra_body={"tokenbelt": {"total_timeout": 2.0}},
         )
     )
     trace = served.recorder.nth(0)
