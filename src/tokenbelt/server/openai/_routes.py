@@ -42,9 +42,10 @@ from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 
 API = "openai"
 #: a caller's own request id (a front tokenbelt passes its id on to its upstream)
+# The header is the parameter's own name (x_request_id -> x-request-id): an alias here made
+# pydantic warn, in the request that first built the route, that it has no effect.
 _REQUEST_ID = Header(
     None,
-    alias="x-request-id",
     description="use this request id (letters, digits, ._:-, at most 64) if it is new",
 )
 

@@ -43,9 +43,10 @@ from ._turn import Turn
 
 API = "responses"
 router = APIRouter()
+# The header is the parameter's own name (x_request_id -> x-request-id): an alias here made
+# pydantic warn, in the request that first built the route, that it has no effect.
 _REQUEST_ID = Header(
     None,
-    alias="x-request-id",
     description="use this request id (letters, digits, ._:-, at most 64) if it is new",
 )
 #: what ``include`` may ask for: nothing this server makes (it has no reasoning items)
