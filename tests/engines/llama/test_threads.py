@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tokenbelt import InvalidArgument, Runtime
-from tokenbelt.engines.llama._threads import ThreadTuner, thread_candidates
+from tokenbelt.engines.llama._threads import ThreadTuner, embed_kind, thread_candidates
 
 
 def test_candidates_are_all_cores_one_fewer_and_half() -> None:
@@ -43,6 +43,26 @@ def test_exploring_a_much_worse_count_backs_off() -> None:
     tuner = ThreadTuner([2, 1], explore_every=8)
     chosen = drive(tuner, {2: 0.010, 1: 0.030}, 4000)
     assert chosen[-2000:].count(1) <= 2000 // (8 * 16) + 1
+
+
+def test_each_embedding_size_learns_its_own_count_apart_from_prompt_chunks() -> None:
+    tuner = ThreadTuner([2, 1], explore_every=8)
+    short, batch = embed_kind(7), embed_kind(246)
+    assert len({short, batch, embed_kind(4498), "prefill"}) == 4
+    assert embed_kind(3) == short
+    assert embed_kind(200) == batch
+    # Per-token costs as measured: a single short input is cheaper on one thread,
+    # a batch of inputs and a prompt chunk on two.
+    cost = {
+        short: {2: 0.012, 1: 0.008},
+        batch: {2: 0.004, 1: 0.007},
+        "prefill": {2: 0.004, 1: 0.007},
+    }
+    for _ in range(50):
+        for kind, by_count in cost.items():
+            threads = tuner.choose(kind)
+            tuner.record(kind, threads, by_count[threads] * 10, 10)
+    assert (tuner.best(short), tuner.best(batch), tuner.best("prefill")) == (1, 2, 2)
 
 
 def test_a_busy_machine_tries_the_fewest_threads_first() -> None:

@@ -41,6 +41,7 @@ from ..._errors import DecodeError, InvalidArgument, ModelLoadError
 from ...belt import EndReason, Producer
 from .._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest
 from ._binding import flag_abort_callback
+from ._threads import embed_kind
 
 logger = logging.getLogger("tokenbelt.engines.embed")
 
@@ -228,8 +229,8 @@ class Embedder:
         self._model = model
         self.info = info
         self.n_threads = n_threads
-        # The engine's thread tuner (or None for fixed counts): an embedding step is
-        # prompt work, so it takes (and teaches) the tuner's choice for prompt chunks.
+        # The engine's thread tuner (or None for fixed counts): embedding ubatches keep
+        # their own costs by size (``embed_kind``), apart from chat's prompt chunks.
         # On a loaded machine a thread count one too many made steps ten times slower.
         self._tuner = tuner
         #: seconds an embedded token costs (a moving average over ubatches)
@@ -406,8 +407,9 @@ class Embedder:
                 self._flag[0] = b"\x01"
         lib.llama_memory_clear(self._mem, True)
         threads = 0
+        kind = embed_kind(self._batch.n_tokens)
         if self._tuner is not None:
-            threads = self._tuner.choose("prefill")
+            threads = self._tuner.choose(kind)
             lib.llama_set_n_threads(self._ctx.ctx, threads, threads)
         started = time.perf_counter()
         ret = lib.llama_decode(self._ctx.ctx, self._batch)
@@ -418,7 +420,7 @@ class Embedder:
             self._per_token = cost if last is None else 0.7 * last + 0.3 * cost
             self._credit -= took
             if self._tuner is not None:
-                self._tuner.record("prefill", threads, took, self._batch.n_tokens)
+                self._tuner.record(kind, threads, took, self._batch.n_tokens)
         with self._lock:
             self._in_flight = []
         self.steps += 1

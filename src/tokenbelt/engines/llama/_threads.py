@@ -69,9 +69,10 @@ class ThreadTuner:
     took 5.5-10.8 s with 2 threads and 2.9 s with 1, and decoding fell from ~50 to
     5-12 tokens/s. Alone, 2 threads decode ~1.9x faster than 1.
 
-    Each kind of step (``decode``: a few tokens; ``prefill``: a prompt chunk) keeps a
-    moving average of its cost per thread count (seconds per step for decode, per
-    token for prefill). The cheapest count is used; every ``explore_every`` steps one
+    Each kind of step (``decode``: a few tokens; ``prefill``: a prompt chunk; an
+    embedding ubatch by its size, see ``embed_kind``) keeps a moving average of its
+    cost per thread count (seconds per step for decode, per token for the others).
+    The cheapest count is used; every ``explore_every`` steps one
     other count is tried, so a neighbour that leaves is noticed too. A count that
     was over 1.5x worse when tried is tried half as often each time (down to once in
     512 steps), so exploring costs a quiet machine well under 1% of its steps.
@@ -80,20 +81,27 @@ class ThreadTuner:
     def __init__(self, candidates: list[int], *, explore_every: int = 32) -> None:
         self.candidates = candidates
         self._explore_every = explore_every
-        self._cost: dict[str, dict[int, float]] = {"decode": {}, "prefill": {}}
-        self._steps = {"decode": 0, "prefill": 0}
-        self._interval = {"decode": explore_every, "prefill": explore_every}
+        self._cost: dict[str, dict[int, float]] = {}
+        self._steps: dict[str, int] = {}
+        self._interval: dict[str, int] = {}
         self._turn = 0
         #: the count chosen for the latest step
         self.current = candidates[0]
 
+    def _costs(self, kind: str) -> dict[int, float]:
+        if kind not in self._cost:
+            self._cost[kind] = {}
+            self._steps[kind] = 0
+            self._interval[kind] = self._explore_every
+        return self._cost[kind]
+
     def best(self, kind: str) -> int:
-        costs = self._cost[kind]
+        costs = self._costs(kind)
         known = [c for c in self.candidates if c in costs]
         return min(known, key=costs.__getitem__) if known else self.candidates[0]
 
     def choose(self, kind: str) -> int:
-        costs = self._cost[kind]
+        costs = self._costs(kind)
         untried = [c for c in self.candidates if c not in costs]
         if untried:
             choice = untried[0]
@@ -108,8 +116,8 @@ class ThreadTuner:
         return choice
 
     def record(self, kind: str, threads: int, seconds: float, tokens: int) -> None:
-        unit = seconds / max(1, tokens) if kind == "prefill" else seconds
-        costs = self._cost[kind]
+        unit = seconds if kind == "decode" else seconds / max(1, tokens)
+        costs = self._costs(kind)
         best = self.best(kind) if costs else threads
         old = costs.get(threads)
         # A sample far below the average means the machine changed (a neighbour left):
@@ -120,3 +128,19 @@ class ThreadTuner:
             slow = costs[threads] > 1.5 * costs[best]
             interval = self._interval[kind] * 2 if slow else self._explore_every
             self._interval[kind] = min(interval, 16 * self._explore_every)
+
+
+def embed_kind(tokens: int) -> str:
+    """The tuner's kind for an embedding ubatch of ``tokens`` tokens.
+
+    One kind per size class (under 16 tokens, under 128, under 1,024, more), since the
+    best count depends on the size: measured on 2 cores with the default model
+    (``benchmarks/embeddings.py``), a single short input embeds fastest with 1 thread
+    and 32 or 512 inputs with 2; a chat prompt chunk's choice fits neither.
+    """
+    size = 0
+    for bound in (16, 128, 1024):
+        if tokens < bound:
+            break
+        size += 1
+    return f"embed/{size}"
