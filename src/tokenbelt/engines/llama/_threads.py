@@ -89,11 +89,7 @@ class ThreadTuner:
         self.current = candidates[0]
 
     def _costs(self, kind: str) -> dict[int, float]:
-        if kind not in self._cost:
-            self._cost[kind] = {}
-            self._steps[kind] = 0
-            self._interval[kind] = self._explore_every
-        return self._cost[kind]
+        return self._cost.setdefault(kind, {})
 
     def best(self, kind: str) -> int:
         costs = self._costs(kind)
@@ -106,9 +102,10 @@ class ThreadTuner:
         if untried:
             choice = untried[0]
         else:
-            self._steps[kind] += 1
+            steps = self._steps[kind] = self._steps.get(kind, 0) + 1
             choice = self.best(kind)
-            if len(self.candidates) > 1 and self._steps[kind] % self._interval[kind] == 0:
+            interval = self._interval.get(kind, self._explore_every)
+            if len(self.candidates) > 1 and steps % interval == 0:
                 others = [c for c in self.candidates if c != choice]
                 self._turn += 1
                 choice = others[self._turn % len(others)]
@@ -126,7 +123,8 @@ class ThreadTuner:
         costs[threads] = unit if fresh or old is None else 0.7 * old + 0.3 * unit
         if threads != best and best in costs:
             slow = costs[threads] > 1.5 * costs[best]
-            interval = self._interval[kind] * 2 if slow else self._explore_every
+            interval = self._interval.get(kind, self._explore_every)
+            interval = interval * 2 if slow else self._explore_every
             self._interval[kind] = min(interval, 16 * self._explore_every)
 
 
@@ -138,9 +136,4 @@ def embed_kind(tokens: int) -> str:
     (``benchmarks/embeddings.py``), a single short input embeds fastest with 1 thread
     and 32 or 512 inputs with 2; a chat prompt chunk's choice fits neither.
     """
-    size = 0
-    for bound in (16, 128, 1024):
-        if tokens < bound:
-            break
-        size += 1
-    return f"embed/{size}"
+    return f"embed/{sum(tokens >= bound for bound in (16, 128, 1024))}"
