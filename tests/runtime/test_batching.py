@@ -161,6 +161,20 @@ def test_a_paused_reader_holds_only_its_own_stream(model: Model) -> None:
     assert paused.wait_released(NET)
 
 
+def test_deadlines_count_from_the_enqueue_mark_itself(model: Model) -> None:
+    # One clock reading for both: a deadline taken a moment before the enqueue mark
+    # once fired a first-token timeout 0.4 ms before enqueued + limit.
+    stream = model.stream(HELLO, max_tokens=1, limits=Limits(first_token=30, total=60), **GREEDY)
+    try:
+        deadlines = stream._belt._deadlines
+        assert stream.trace.enqueued is not None
+        assert deadlines.first_token == stream.trace.enqueued + 30
+        assert deadlines.total == stream.trace.enqueued + 60
+    finally:
+        stream.cancel()
+        assert stream.wait_released(NET)
+
+
 def test_a_queued_request_times_out_at_its_deadline_with_no_reader(model: Model) -> None:
     holders = [model.stream(SEA, max_tokens=400, capacity=1, **GREEDY) for _ in range(SLOTS)]
     wait_until(lambda: all(h.trace.first_token for h in holders), "all slots busy")

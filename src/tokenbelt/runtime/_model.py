@@ -553,9 +553,13 @@ class Model:
     ) -> Belt[Any]:
         trace = Trace(request_id or new_request_id(), model=self.name, observers=self._observers)
         trace.prompt_tokens = prompt_tokens
+        # The deadlines count from the enqueue mark itself (the scheduler's own mark is
+        # then a no-op): two clock readings let a timeout fire before enqueued + limit.
+        now = trace.clock()
+        trace.mark_enqueued(now)
         return Belt(
             capacity if capacity is not None else self.capacity,
-            deadlines=lim.deadlines(trace.clock()),
+            deadlines=lim.deadlines(now),
             trace=trace,
             timer=self._timer,
         )
