@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt.models import default_model_path
 
 
@@ -48,7 +49,7 @@ def serve_default_model(
             if process.poll() is not None:
                 pytest.fail(f"tokenbelt serve exited with {process.returncode}:\n{log.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
+                if plainhttp.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
                     break
             if time.monotonic() > deadline:
                 pytest.fail(f"tokenbelt serve was not ready after {timeout} s:\n{log.read_text()}")

@@ -12,17 +12,19 @@ import itertools
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pexpect
 import psutil
 import pytest
 
+import plainhttp
 from serving import free_port, serve_default_model
+from tokenbelt.cli._chat_remote import RemoteBackend
 from tokenbelt.models import default_model_path
 
 PROMPT = "you> "
@@ -192,8 +194,9 @@ def test_sigterm_ends_the_reply_with_shutdown_and_exits_0(where: str) -> None:
 
 
 @pytest.mark.model
-def test_url_mode_cancels_at_the_server(tmp_path: Path) -> None:
-    """With ``--url``, Ctrl-C calls the cancel endpoint: the server records ``user_cancel``."""
+def test_url_mode_cancels_at_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--url``, Ctrl-C calls the cancel endpoint: the server records ``user_cancel``
+    (and the call goes out on a client made before the Stop)."""
     with (
         serve_default_model(tmp_path, NET_S) as url,
         chat("--url", url, "--max-tokens", "4000", *WORDY) as child,
@@ -202,7 +205,7 @@ def test_url_mode_cancels_at_the_server(tmp_path: Path) -> None:
         status = _stop_mid_reply(child)
         assert status["reason"] == "user_cancel"
         assert status["late"] is None
-        recent = httpx.get(f"{url}/v1/requests", params={"limit": 1}, timeout=10.0).json()
+        recent = plainhttp.get(f"{url}/v1/requests", params={"limit": 1}, timeout=10.0).json()
         trace = recent["data"][0]
         assert trace["end_reason"] == "user_cancel"
         assert trace["timeline_ms"]["released"] is not None
@@ -211,6 +214,27 @@ def test_url_mode_cancels_at_the_server(tmp_path: Path) -> None:
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
+        _stop_sends_at_once(url, monkeypatch)
+
+
+def _stop_sends_at_once(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancel call of a Stop goes out on a client made before it: a client made at
+    the Stop first loads the CA bundle into a new SSL context (~65 ms of CPU here)."""
+    backend = RemoteBackend(url, model=None, system=None, api_key=None, sampling={})
+    try:
+        turn = backend.start(LONG)
+        pieces = iter(turn)
+        next(pieces)
+        contexts: list[object] = []
+        made = ssl.create_default_context
+        monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: contexts.append(a))
+        turn.cancel()
+        monkeypatch.setattr(ssl, "create_default_context", made)
+        assert contexts == []
+        record = plainhttp.get(f"{url}/v1/requests/{turn.request_id}", timeout=10.0).json()
+        assert record["end_reason"] == "user_cancel"
+    finally:
+        backend.close()
 
 
 @pytest.mark.parametrize(

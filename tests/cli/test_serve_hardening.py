@@ -7,8 +7,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
-
+import plainhttp
 from serving import serve_default_model
 
 NET = 30.0
@@ -30,19 +29,19 @@ def test_serve_hardens_the_http_edges(tmp_path: Path) -> None:
         address = (urlsplit(url).hostname or "", urlsplit(url).port or 0)
         alice = {"Authorization": "bearer alice-key"}  # the scheme in lower case
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-        reply = httpx.post(url + CHAT, json=body, headers=alice, timeout=NET)
+        reply = plainhttp.post(url + CHAT, json=body, headers=alice, timeout=NET)
         assert reply.status_code == 200, reply.text
         request_id = reply.headers["x-request-id"]
 
         # Only its own key (and the admin's) sees the request.
         record = f"{url}/v1/requests/{request_id}"
         for key, status in (("bob-key", 404), ("alice-key", 200), ("root-key", 200)):
-            seen = httpx.get(record, headers={"Authorization": f"Bearer {key}"}, timeout=NET)
+            seen = plainhttp.get(record, headers={"Authorization": f"Bearer {key}"}, timeout=NET)
             assert seen.status_code == status, key
 
         # Host names: loopback and --allowed-host, nothing else.
         for host, status in (("evil.example", 421), ("llm.lan:8080", 200), ("localhost", 200)):
-            answer = httpx.get(f"{url}/v1/models", headers={**alice, "Host": host}, timeout=NET)
+            answer = plainhttp.get(f"{url}/v1/models", headers={**alice, "Host": host}, timeout=NET)
             assert answer.status_code == status, host
 
         # Half a request: a 408 and a closed connection after --read-timeout.

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import plainhttp
 from serving import free_port
 from tokenbelt.cli import main as cli
 from tokenbelt.models import default_model_path
@@ -49,7 +50,7 @@ def serving(tmp_path: Path, *args: str) -> Iterator[str]:
         while True:
             assert process.poll() is None, log.read_text()
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).json()["status"] == "ok":
+                if plainhttp.get(f"{url}/health", timeout=2).json()["status"] == "ok":
                     break
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
@@ -65,14 +66,16 @@ def test_serve_two_aliases_with_a_pin_and_settings_and_ps_shows_them(
 ) -> None:
     flags = ("--memory-budget", "2GiB", "--pin", "a", "--model", "b:slots=1,n_ctx=512")
     with serving(tmp_path, *aliases, *flags) as url:
-        status = httpx.get(f"{url}/health", timeout=NET).json()["model_status"]
+        status = plainhttp.get(f"{url}/health", timeout=NET).json()["model_status"]
         assert status["a"]["state"] == "ready"
         assert status["a"]["pinned"]
         assert status["b"]["state"] == "idle_unloaded"
         assert status["b"]["slots"] == 1
         assert "not loaded yet" in status["b"]["unloaded_because"]
         body = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=NET).status_code == 200
+        assert (
+            plainhttp.post(f"{url}/v1/chat/completions", json=body, timeout=NET).status_code == 200
+        )
 
         done = tokenbelt("ps", "--url", url)
         assert done.returncode == 0, done.stderr

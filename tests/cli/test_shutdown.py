@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+import plainhttp
 from serving import free_port
 from tokenbelt.engines import load_vocab
 from tokenbelt.models import default_model_path
@@ -78,7 +79,7 @@ def running_server(tmp_path: Path, *flags: str) -> Iterator[Server]:
         while True:
             assert process.poll() is None, server.text()
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                if plainhttp.get(f"{url}/health", timeout=2.0).status_code == 200:
                     break
             assert time.monotonic() < deadline, server.text()
             time.sleep(0.1)
@@ -113,7 +114,7 @@ class Reader:
             "stream": True,
         }
         try:
-            with httpx.stream(
+            with plainhttp.stream(
                 "POST", f"{self.url}/v1/chat/completions", json=body, timeout=NET_S
             ) as response:
                 self.status = response.status_code
@@ -128,7 +129,7 @@ class Reader:
 
 
 def _queued(url: str) -> int:
-    traces = httpx.get(f"{url}/v1/requests", timeout=NET_S).json()["data"]
+    traces = plainhttp.get(f"{url}/v1/requests", timeout=NET_S).json()["data"]
     return sum(1 for t in traces if t["timeline_ms"]["admitted"] is None)
 
 

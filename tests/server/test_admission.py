@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+import plainhttp
 from tokenbelt import EndReason, Runtime, ScriptedEngine
 from tokenbelt.engines import Engine
 from tokenbelt.runtime import Model
@@ -38,7 +39,7 @@ def test_a_full_queue_answers_429_with_retry_after(serve: ServeFactory) -> None:
             served.recorder.nth(1)
             assert served.model().statistics().queued == 1
 
-            response = httpx.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
+            response = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
             error = assert_error(response, 429, "queue_full")
             assert error["type"] == "rate_limit_error"
             assert response.headers["retry-after"] == "3"
@@ -53,7 +54,7 @@ def test_a_full_queue_answers_429_with_retry_after(serve: ServeFactory) -> None:
                 client.read_until(b"data: [DONE]")
     finally:
         gate.set()
-    reply = httpx.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
+    reply = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
     assert reply.status_code == 200
     reasons = [served.recorder.nth(i).end_reason for i in range(4)]
     assert reasons == [EndReason.STOP, EndReason.STOP, EndReason.REJECTED, EndReason.STOP]
@@ -90,24 +91,24 @@ def test_a_model_still_loading_answers_503_with_retry_after(serve: ServeFactory)
     try:
         assert runtime.loading.wait(NET)
         for body in (chat_body(model="slow"), chat_body()):
-            response = httpx.post(f"{served.url}{CHAT}", json=body, timeout=NET)
+            response = plainhttp.post(f"{served.url}{CHAT}", json=body, timeout=NET)
             error = assert_error(response, 503, "model_loading")
             assert "slow" in error["message"]
             assert response.headers["retry-after"] == "1"
 
-        health = httpx.get(f"{served.url}/health", timeout=NET).json()
+        health = plainhttp.get(f"{served.url}/health", timeout=NET).json()
         assert health["status"] == "loading"
         assert health["loads"]["slow"]["state"] == "loading"
-        models = httpx.get(f"{served.url}/v1/models", timeout=NET).json()["data"]
+        models = plainhttp.get(f"{served.url}/v1/models", timeout=NET).json()["data"]
         served_models = [m for m in models if m["tokenbelt"]["state"] != "available"]
         assert [(m["id"], m["tokenbelt"]["state"]) for m in served_models] == [("slow", "loading")]
     finally:
         gate.set()
 
     def ready() -> bool:
-        return bool(httpx.get(f"{served.url}/health", timeout=NET).json()["status"] == "ok")
+        return bool(plainhttp.get(f"{served.url}/health", timeout=NET).json()["status"] == "ok")
 
     eventually(ready)
-    response = httpx.post(f"{served.url}{CHAT}", json=chat_body(model="slow"), timeout=NET)
+    response = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(model="slow"), timeout=NET)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "".join(words(3))

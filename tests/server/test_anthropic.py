@@ -15,6 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason
 
 from .conftest import (
@@ -101,7 +102,7 @@ def test_system_as_a_string_or_as_text_blocks(client: anthropic.Anthropic, serve
         ],
     )
     # The same conversation through the OpenAI API, with the system prompt as a message.
-    openai_style = httpx.post(
+    openai_style = plainhttp.post(
         f"{served.url}/v1/chat/completions",
         json={
             "model": name(served),
@@ -223,7 +224,7 @@ def test_closing_the_stream_early_is_client_disconnect(
     trace = served.recorder.by_id(request_id)
     served.assert_released(trace, EndReason.CLIENT_DISCONNECT)
     assert 0 < trace.completion_tokens < 2000
-    record = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
+    record = plainhttp.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
     assert record["end_reason"] == "client_disconnect"
 
 
@@ -238,7 +239,7 @@ def test_a_cancelled_stream_says_so_in_message_delta(
         for event in stream:
             if event.type == "content_block_delta" and not cancelled:
                 cancel = f"{served.url}/v1/requests/{request_id}/cancel"
-                assert httpx.post(cancel, timeout=NET).json()["cancelled"] is True
+                assert plainhttp.post(cancel, timeout=NET).json()["cancelled"] is True
                 cancelled = True
             if event.type == "message_delta":
                 # Anthropic's own value for an end the caller chose; the exact one beside it.
@@ -259,7 +260,7 @@ def test_a_deadline_is_max_tokens_with_the_exact_reason_beside_it(serve: ServeFa
         "stream": True,
         "tokenbelt": {"stall_timeout": 0.2},
     }
-    with httpx.stream("POST", f"{served.url}/v1/messages", json=body, timeout=NET) as answer:
+    with plainhttp.stream("POST", f"{served.url}/v1/messages", json=body, timeout=NET) as answer:
         lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
     (delta,) = [json.loads(x[6:]) for x in lines if '"message_delta"' in x]
     assert delta["delta"]["stop_reason"] == "max_tokens"  # cut short: not a finished turn
@@ -457,7 +458,7 @@ def test_bad_tool_input_is_a_400_naming_the_field(
 
 
 def count(served: Served, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{served.url}/v1/messages/count_tokens", json=body, timeout=NET)
+    return plainhttp.post(f"{served.url}/v1/messages/count_tokens", json=body, timeout=NET)
 
 
 def test_system_messages_join_the_system_text_in_order(served: Served) -> None:
@@ -540,7 +541,7 @@ def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) ->
     assert len(body["tools"]) == 25
     prompt = {k: v for k, v in body.items() if k not in ("max_tokens", "stream", "metadata")}
     prompt["model"] = name(served)  # recorded as ANTHROPIC_MODEL=smollm2-135m
-    answer = httpx.post(
+    answer = plainhttp.post(
         f"{served.url}/v1/messages/count_tokens",
         json=prompt,
         headers=CLAUDE_CODE["headers"],
@@ -560,7 +561,7 @@ def test_a_claude_code_request_streams_an_anthropic_message(served: Served) -> N
     body["max_tokens"] = 8
     body["model"] = name(served)
     assert body["stream"] is True  # as recorded
-    with httpx.stream(
+    with plainhttp.stream(
         "POST",
         served.url + CLAUDE_CODE["path"],  # ?beta=true, and the anthropic-beta header
         json=body,

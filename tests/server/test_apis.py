@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -86,10 +87,10 @@ def test_the_api_key_is_taken_as_bearer_or_x_api_key(
         scripted_runtime(ScriptedEngine(words(5), delay=0)),
         ServerSettings(api_key="sesame"),
     )
-    ok = httpx.post(f"{served.url}{path}", json=body, headers=headers, timeout=NET)
+    ok = plainhttp.post(f"{served.url}{path}", json=body, headers=headers, timeout=NET)
     assert ok.status_code == 200, ok.text
     wrong = {k: v.replace("sesame", "open") for k, v in headers.items()}
-    refused = httpx.post(f"{served.url}{path}", json=body, headers=wrong, timeout=NET)
+    refused = plainhttp.post(f"{served.url}{path}", json=body, headers=wrong, timeout=NET)
     assert refused.status_code == 401
     assert served.recorder.events[-1].trace.request_id == ok.headers["x-request-id"]
 

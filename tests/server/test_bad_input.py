@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -131,7 +132,7 @@ def assert_openai_error(
 
 
 def assert_still_serving(served: Served) -> None:
-    response = httpx.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
+    response = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "".join(words(3))
 
@@ -147,15 +148,15 @@ def test_bad_input_gets_an_openai_error(
     url = f"{served.url}{path}"
     if isinstance(body, bytes):
         headers = {"content-type": "application/json"}
-        response = httpx.post(url, content=body, headers=headers, timeout=NET)
+        response = plainhttp.post(url, content=body, headers=headers, timeout=NET)
     else:
-        response = httpx.post(url, json=body, timeout=NET)
+        response = plainhttp.post(url, json=body, timeout=NET)
     assert_openai_error(response, status, code, param)
     assert_still_serving(served)
 
 
 def test_unknown_model_lists_the_available_aliases(served: Served) -> None:
-    response = httpx.post(f"{served.url}{CHAT}", json=chat_body(model="nope"), timeout=NET)
+    response = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(model="nope"), timeout=NET)
     message = response.json()["error"]["message"]
     assert "nope" in message
     assert "available: scripted" in message
@@ -169,7 +170,7 @@ def test_a_chunked_body_over_the_limit_is_413(served: Served) -> None:
         yield b'"}]}'
 
     headers = {"content-type": "application/json"}
-    response = httpx.post(f"{served.url}{CHAT}", content=body(), headers=headers, timeout=NET)
+    response = plainhttp.post(f"{served.url}{CHAT}", content=body(), headers=headers, timeout=NET)
     assert "content-length" not in response.request.headers
     assert response.request.headers["transfer-encoding"] == "chunked"
     assert_openai_error(response, 413, "body_too_large", None)
@@ -177,10 +178,10 @@ def test_a_chunked_body_over_the_limit_is_413(served: Served) -> None:
 
 
 def test_unknown_routes_and_methods_are_openai_errors(served: Served) -> None:
-    missing = httpx.get(f"{served.url}/v1/nope", timeout=NET)
+    missing = plainhttp.get(f"{served.url}/v1/nope", timeout=NET)
     assert_openai_error(missing, 404, "route_not_found", None)
     assert "GET /v1/nope" in missing.json()["error"]["message"]
-    wrong = httpx.delete(f"{served.url}{CHAT}", timeout=NET)
+    wrong = plainhttp.delete(f"{served.url}{CHAT}", timeout=NET)
     assert_openai_error(wrong, 405, "method_not_allowed", None)
     assert "DELETE" in wrong.json()["error"]["message"]
     assert "POST" in wrong.headers["allow"]

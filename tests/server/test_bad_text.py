@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import InvalidArgument
 
 from .conftest import (
@@ -66,7 +67,7 @@ def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Ser
 
 def _post(served: Served, path: str, body: bytes) -> httpx.Response:
     headers = {"content-type": "application/json"}
-    return httpx.post(f"{served.url}{path}", content=body, headers=headers, timeout=NET)
+    return plainhttp.post(f"{served.url}{path}", content=body, headers=headers, timeout=NET)
 
 
 @pytest.mark.model

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
+import plainhttp
 from tokenbelt.engines.llama import load_vocab
 from tokenbelt.models import default_model_path
 
@@ -98,7 +98,7 @@ def test_min_tokens_bans_the_end_until_reached(client: openai.OpenAI) -> None:
 )
 def test_bad_extras_are_400s_naming_them(served: Served, extra: dict[str, Any], param: str) -> None:
     body = {"messages": SHORT, "max_tokens": 4, **extra}
-    answer = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=NET)
+    answer = plainhttp.post(f"{served.url}/v1/chat/completions", json=body, timeout=NET)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"].startswith(param), answer.text
 
@@ -166,7 +166,7 @@ def test_return_token_ids_streamed_completion(served: Served, detokenize: Any) -
         "return_token_ids": True,
     }
     chunks = []
-    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=NET) as r:
+    with plainhttp.stream("POST", f"{served.url}/v1/completions", json=body, timeout=NET) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":

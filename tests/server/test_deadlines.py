@@ -8,9 +8,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -45,7 +45,7 @@ CASES: dict[EndReason, tuple[Callable[[], Any], dict[str, float]]] = {
 
 
 def streamed(served: Served, path: str, body: dict[str, Any]) -> tuple[str, list[Any]]:
-    with httpx.stream("POST", f"{served.url}{path}", json=body, timeout=NET) as response:
+    with plainhttp.stream("POST", f"{served.url}{path}", json=body, timeout=NET) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         return response.headers["x-request-id"], collect(response.iter_lines())
@@ -79,7 +79,7 @@ def test_deadline_ends_a_stream_with_a_final_chunk(serve: ServeFactory, reason: 
 def test_deadline_answers_504_when_not_streaming(serve: ServeFactory, reason: EndReason) -> None:
     make, options = CASES[reason]
     served = serve(scripted_runtime(make()))
-    response = httpx.post(
+    response = plainhttp.post(
         f"{served.url}{COMPLETIONS}",
         json={"prompt": "go", "max_tokens": 100_000, "tokenbelt": options},
         timeout=NET,
@@ -107,6 +107,6 @@ def test_a_request_can_extend_a_server_default(serve: ServeFactory) -> None:
     engine = ScriptedEngine(words(5), prefill_delay=0.3)
     served = serve(scripted_runtime(engine), ServerSettings(first_token_timeout=0.1))
     body = chat_body(tokenbelt={"first_token_timeout": NET})
-    response = httpx.post(f"{served.url}{CHAT}", json=body, timeout=NET)
+    response = plainhttp.post(f"{served.url}{CHAT}", json=body, timeout=NET)
     assert response.status_code == 200
     assert response.json()["tokenbelt"]["end_reason"] == "stop"

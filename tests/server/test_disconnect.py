@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
 
 from .conftest import (
@@ -32,7 +33,7 @@ from .conftest import (
 
 
 def record(served: Served, request_id: str) -> dict[str, object]:
-    response = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET)
+    response = plainhttp.get(f"{served.url}/v1/requests/{request_id}", timeout=NET)
     assert response.status_code == 200
     body: dict[str, object] = response.json()
     return body
@@ -118,7 +119,7 @@ def test_disconnect_of_one_request_leaves_the_next_running(serve: ServeFactory) 
         client.read_head()
     first = served.recorder.nth(0)
     served.recorder.wait(first, "released")
-    reply = httpx.post(f"{served.url}{CHAT}", json=chat_body(max_tokens=5), timeout=NET)
+    reply = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(max_tokens=5), timeout=NET)
     assert reply.status_code == 200
     assert reply.json()["choices"][0]["finish_reason"] == "length"
 
@@ -135,7 +136,7 @@ def test_cancel_endpoint_is_user_cancel(serve: ServeFactory, stream: bool) -> No
         trace = served.recorder.nth(0)
         served.recorder.wait(trace, "first_token")
         url = f"{served.url}/v1/requests/{trace.request_id}/cancel"
-        answer = httpx.post(url, timeout=NET)
+        answer = plainhttp.post(url, timeout=NET)
         assert answer.status_code == 200
         assert answer.json() == {
             "id": trace.request_id,
@@ -156,7 +157,7 @@ def test_cancel_endpoint_is_user_cancel(serve: ServeFactory, stream: bool) -> No
             assert "x-tokenbelt-trace" in headers
     served.assert_released(trace, EndReason.USER_CANCEL)
 
-    again = httpx.post(url, timeout=NET)  # after the end: a no-op that says how it ended
+    again = plainhttp.post(url, timeout=NET)  # after the end: a no-op that says how it ended
     assert again.status_code == 200
     assert again.json() == {"id": trace.request_id, "cancelled": False, "end_reason": "user_cancel"}
 
@@ -164,8 +165,8 @@ def test_cancel_endpoint_is_user_cancel(serve: ServeFactory, stream: bool) -> No
 def test_cancel_and_record_of_an_unknown_request_are_404(serve: ServeFactory) -> None:
     served = serve(scripted_runtime(ScriptedEngine(words(3))))
     for response in (
-        httpx.post(f"{served.url}/v1/requests/req_nope/cancel", timeout=NET),
-        httpx.get(f"{served.url}/v1/requests/req_nope", timeout=NET),
+        plainhttp.post(f"{served.url}/v1/requests/req_nope/cancel", timeout=NET),
+        plainhttp.get(f"{served.url}/v1/requests/req_nope", timeout=NET),
     ):
         assert response.status_code == 404
         error = response.json()["error"]

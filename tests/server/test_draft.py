@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+import plainhttp
 from serving import serve_default_model
 
 pytestmark = pytest.mark.model
@@ -25,7 +26,7 @@ REPEAT = [{"role": "user", "content": "Repeat this line four times, nothing else
 
 def chat(url: str, **tokenbelt: Any) -> httpx.Response:
     body = {"messages": REPEAT, "max_tokens": 64, "temperature": 0, "tokenbelt": tokenbelt}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=NET)
+    return plainhttp.post(f"{url}/v1/chat/completions", json=body, timeout=NET)
 
 
 def test_drafting_over_http_in_a_worker_process(tmp_path: Path) -> None:
@@ -49,6 +50,6 @@ def test_drafting_over_http_in_a_worker_process(tmp_path: Path) -> None:
         assert error["param"] == "tokenbelt.draft"
         assert "'lookup' or 'off'" in error["message"], error
 
-        metrics = httpx.get(f"{url}/metrics", timeout=NET).text
+        metrics = plainhttp.get(f"{url}/metrics", timeout=NET).text
         assert "tokenbelt_batch_draft_tokens_total" in metrics
         assert "tokenbelt_batch_draft_accepted_tokens_total" in metrics

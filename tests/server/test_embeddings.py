@@ -21,6 +21,7 @@ import numpy as np
 import openai
 import pytest
 
+import plainhttp
 from rerankers import as_reranker
 from tokenbelt import Runtime
 from tokenbelt.models import default_model_path
@@ -49,13 +50,13 @@ def client(served: Served) -> Iterator[openai.OpenAI]:
 
 
 def post(served: Served, path: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    return httpx.post(f"{served.url}{path}", json=body, timeout=NET, **kwargs)
+    return plainhttp.post(f"{served.url}{path}", json=body, timeout=NET, **kwargs)
 
 
 def record(served: Served, request_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + NET
     while True:
-        got: dict[str, Any] = httpx.get(
+        got: dict[str, Any] = plainhttp.get(
             f"{served.url}/v1/requests/{request_id}", timeout=NET
         ).json()
         if got.get("timeline_ms", {}).get("released") is not None:
@@ -207,7 +208,7 @@ def test_a_total_deadline_is_a_504_total_timeout(served: Served) -> None:
 def test_a_disconnect_ends_it_client_disconnect(served: Served) -> None:
     body = {"model": served.model().name, "input": ["a short input"] * 2000}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
+        plainhttp.post(
             f"{served.url}/v1/embeddings",
             json=body,
             headers={"x-request-id": "embed-gone-1"},
@@ -229,7 +230,7 @@ def test_a_cancel_through_v1_requests_is_a_409_user_cancel(served: Served) -> No
     thread.start()
     deadline = time.monotonic() + NET
     while True:
-        r = httpx.post(f"{served.url}/v1/requests/embed-stop-1/cancel", timeout=NET)
+        r = plainhttp.post(f"{served.url}/v1/requests/embed-stop-1/cancel", timeout=NET)
         if r.status_code == 200 or time.monotonic() > deadline:
             break
         time.sleep(0.02)
@@ -261,14 +262,14 @@ def test_metrics_count_embedding_inputs_and_tokens(served: Served) -> None:
     r = post(served, "/v1/embeddings", {"model": served.model().name, "input": ["a", "b"]})
     assert r.status_code == 200
     record(served, r.headers["x-request-id"])
-    text = httpx.get(f"{served.url}/metrics", timeout=NET).text
+    text = plainhttp.get(f"{served.url}/metrics", timeout=NET).text
     assert 'tokenbelt_embedding_inputs_total{api="openai",kind="embed"' in text
     assert "tokenbelt_embedding_tokens_total" in text
     assert "tokenbelt_embedding_seconds_bucket" in text
 
 
 def test_the_routes_are_in_the_openapi_document(served: Served) -> None:
-    paths = httpx.get(f"{served.url}/openapi.json", timeout=NET).json()["paths"]
+    paths = plainhttp.get(f"{served.url}/openapi.json", timeout=NET).json()["paths"]
     for path in ("/v1/embeddings", "/v1/rerank", "/rerank", "/api/embed", "/api/embeddings"):
         answers = paths[path]["post"]["responses"]
         assert {"200", "400", "429", "504"} <= set(answers), path

@@ -16,9 +16,9 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason
 
 from .conftest import CHAT, NET, RawClient, ServeFactory, chat_body, real_runtime
@@ -43,7 +43,7 @@ def one(url: str, rng: random.Random) -> str:
 
     def cancel() -> None:
         go.wait()
-        httpx.post(f"{url}/v1/requests/{request_id}/cancel", timeout=NET)
+        plainhttp.post(f"{url}/v1/requests/{request_id}/cancel", timeout=NET)
 
     canceller = threading.Thread(target=cancel, name="race-cancel-call")
     canceller.start()
@@ -71,7 +71,7 @@ def test_cancel_call_racing_a_dropped_connection(
             reason = trace.end_reason.value
             assert reason in ENDS
             reasons[reason] += 1
-            record = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
+            record = plainhttp.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
             assert record["end_reason"] == reason
             assert record["timeline_ms"]["released"] is not None
     logged = Counter(
@@ -80,7 +80,7 @@ def test_cancel_call_racing_a_dropped_connection(
         if r.name == "tokenbelt.requests"
     )
     assert logged == reasons
-    metrics = httpx.get(f"{served.url}/metrics", timeout=NET).text
+    metrics = plainhttp.get(f"{served.url}/metrics", timeout=NET).text
     for reason, n in reasons.items():
         line = f'tokenbelt_requests_total{{api="openai",end_reason="{reason}",model='
         counted = [ln for ln in metrics.splitlines() if ln.startswith(line)]

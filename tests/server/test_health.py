@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import Runtime
 from tokenbelt.models import default_model_path
 from tokenbelt.runtime import ModelState
@@ -23,7 +24,7 @@ from .conftest import CHAT, NET, ServeFactory, chat_body
 
 
 def _get(url: str) -> tuple[int, dict[str, Any]]:
-    response = httpx.get(url, timeout=NET)
+    response = plainhttp.get(url, timeout=NET)
     return response.status_code, response.json()
 
 
@@ -51,7 +52,7 @@ def test_a_failed_load_is_unhealthy_and_says_why(serve: ServeFactory, tmp_path: 
     assert _get(f"{served.url}/health/live") == (200, {"status": "alive"})
 
     for request in (chat_body(model="broken"), chat_body()):
-        response = httpx.post(f"{served.url}{CHAT}", json=request, timeout=NET)
+        response = plainhttp.post(f"{served.url}{CHAT}", json=request, timeout=NET)
         assert response.status_code == 503
         error = response.json()["error"]
         assert error["code"] == "model_load_failed"
@@ -81,7 +82,7 @@ def test_an_idle_unloaded_model_is_healthy_and_a_burst_reloads_it_without_503(
 
     def ask() -> None:
         go.wait(NET)
-        response = httpx.post(
+        response = plainhttp.post(
             f"{served.url}{CHAT}", json=chat_body("hi", max_tokens=2), timeout=NET
         )
         with lock:

@@ -12,11 +12,11 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import psutil
 import pytest
 
+import plainhttp
 from serving import serve_default_model
 
 pytestmark = pytest.mark.model
@@ -30,7 +30,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 def test_kill_9_of_the_worker_mid_stream_over_http(tmp_path: Path) -> None:
     extra = ("--isolation", "process", "--keep-alive", "0")
     with serve_default_model(tmp_path, 90.0, extra) as url:
-        health = httpx.get(f"{url}/health", timeout=NET).json()
+        health = plainhttp.get(f"{url}/health", timeout=NET).json()
         (name,) = health["models"]
         worker = health["workers"][name]
         assert worker["state"] == "ready"
@@ -40,7 +40,7 @@ def test_kill_9_of_the_worker_mid_stream_over_http(tmp_path: Path) -> None:
         assert server is not None
         body = {"model": name, "messages": SEA, "max_tokens": 400, "temperature": 0}
         events: list[str] = []
-        with httpx.stream(
+        with plainhttp.stream(
             "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=NET
         ) as response:
             for line in response.iter_lines():
@@ -66,7 +66,7 @@ def test_kill_9_of_the_worker_mid_stream_over_http(tmp_path: Path) -> None:
             temperature=0,  # type: ignore[arg-type]
         )
         assert reply.choices[0].message.content
-        health = httpx.get(f"{url}/health", timeout=NET).json()
+        health = plainhttp.get(f"{url}/health", timeout=NET).json()
         (worker,) = health["workers"].values()
         assert worker["restarts"] == 1
         assert worker["last_crash"] == "engine worker killed by signal 9 (SIGKILL)"
@@ -94,9 +94,9 @@ def test_kill_9_of_the_worker_mid_stream_over_http(tmp_path: Path) -> None:
             temperature=0,
         )
         assert reply.choices[0].message.content
-        worker = httpx.get(f"{url}/health", timeout=NET).json()["workers"][name]
+        worker = plainhttp.get(f"{url}/health", timeout=NET).json()["workers"][name]
         assert worker["restarts"] == 2
-        metrics = httpx.get(f"{url}/metrics", timeout=NET).text
+        metrics = plainhttp.get(f"{url}/metrics", timeout=NET).text
         assert "tokenbelt_worker_restarts_total" in metrics
         assert 'cause="engine worker killed by signal 9 (SIGKILL)"' in metrics
         assert f'tokenbelt_worker_pid{{model="{name}"}} {float(worker["pid"])}' in metrics

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, ModelState, Runtime, ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -43,7 +44,7 @@ def served(serve: ServeFactory, made: list[ScriptedEngine]) -> Served:
 
 def post(served: Served, path: str, body: object, key: str = USER) -> httpx.Response:
     auth = {"authorization": f"Bearer {key}"}
-    return httpx.post(f"{served.url}{path}", json=body, headers=auth, timeout=NET)
+    return plainhttp.post(f"{served.url}{path}", json=body, headers=auth, timeout=NET)
 
 
 def ollama(prompt: str, **extra: object) -> dict[str, object]:
@@ -73,7 +74,7 @@ def test_keep_alive_zero_unloads_after_that_request_only(
 def test_a_request_keep_alive_shows_in_ps_until_the_next_request(served: Served) -> None:
     model = served.model("scripted")
     assert post(served, "/api/generate", ollama("hi", keep_alive="10m")).status_code == 200
-    (running,) = httpx.get(
+    (running,) = plainhttp.get(
         f"{served.url}/api/ps", headers={"authorization": f"Bearer {USER}"}, timeout=NET
     ).json()["models"]
     left = datetime.fromisoformat(running["expires_at"]) - datetime.now(UTC)

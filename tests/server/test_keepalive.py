@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 
+import plainhttp
 from tokenbelt import ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -28,7 +28,7 @@ def served(serve: ServeFactory) -> Served:
 
 
 def _lines(served: Served, path: str, body: dict[str, Any]) -> list[str]:
-    with httpx.stream("POST", f"{served.url}{path}", json=body, timeout=NET) as r:
+    with plainhttp.stream("POST", f"{served.url}{path}", json=body, timeout=NET) as r:
         assert r.status_code == 200
         return list(r.iter_lines())
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import ModelState, Runtime
 from tokenbelt.cli import main as cli
 from tokenbelt.models import default_model_path
@@ -50,7 +51,7 @@ def runtime_for(aliases: list[str], budget: int | None, **pins: bool) -> Runtime
 
 def chat(served: Served, model: str, net: float = NET, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": HI, "max_tokens": 4, "temperature": 0, **extra}
-    return httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=net)
+    return plainhttp.post(f"{served.url}/v1/chat/completions", json=body, timeout=net)
 
 
 def refusals(served: Served, model: str) -> dict[str, httpx.Response]:
@@ -58,12 +59,12 @@ def refusals(served: Served, model: str) -> dict[str, httpx.Response]:
     url = served.url
     return {
         "openai": chat(served, model),
-        "ollama": httpx.post(
+        "ollama": plainhttp.post(
             f"{url}/api/chat",
             json={"model": model, "messages": HI, "stream": False},
             timeout=NET,
         ),
-        "anthropic": httpx.post(
+        "anthropic": plainhttp.post(
             f"{url}/v1/messages",
             json={"model": model, "messages": HI, "max_tokens": 4},
             timeout=NET,
@@ -81,7 +82,7 @@ def message_of(dialect: str, response: httpx.Response) -> str:
 
 
 def status_of(served: Served, name: str) -> dict[str, Any]:
-    health = httpx.get(f"{served.url}/health", timeout=NET).json()
+    health = plainhttp.get(f"{served.url}/health", timeout=NET).json()
     status: dict[str, Any] = health["model_status"][name]
     return status
 
@@ -101,15 +102,15 @@ def test_a_budget_for_one_model_evicts_the_idle_one_each_way(
     assert (a.state, b.state) == (ModelState.READY, ModelState.IDLE_UNLOADED)
     assert (a.loads, a.evictions, b.loads, b.evictions) == (2, 1, 1, 1)
 
-    health = httpx.get(f"{served.url}/health", timeout=NET).json()
+    health = plainhttp.get(f"{served.url}/health", timeout=NET).json()
     assert health["memory"]["budget_bytes"] == ONE_MODEL
     assert 0 < health["memory"]["used_bytes"] <= ONE_MODEL
     memory = health["model_status"]["a"]["memory"]
     assert memory["measured_bytes"] > memory["weights_bytes"] > 0  # its worker's RSS
-    ps = httpx.get(f"{served.url}/api/ps", timeout=NET).json()["models"]
+    ps = plainhttp.get(f"{served.url}/api/ps", timeout=NET).json()["models"]
     assert [m["name"] for m in ps] == ["a"]
     assert ps[0]["size"] == memory["total_bytes"]
-    metrics = httpx.get(f"{served.url}/metrics", timeout=NET).text
+    metrics = plainhttp.get(f"{served.url}/metrics", timeout=NET).text
     assert 'tokenbelt_model_evictions_total{model="a"} 1.0' in metrics
     assert 'tokenbelt_model_memory_bytes{model="a",part="weights"}' in metrics
 
@@ -126,13 +127,13 @@ def test_a_pinned_model_is_never_evicted_and_the_other_is_refused_with_the_reaso
         assert "a (pinned)" in text, (dialect, text)
     assert served.model("a").state is ModelState.READY
     assert served.model("b").loads == 0
-    health = httpx.get(f"{served.url}/health", timeout=NET)
+    health = plainhttp.get(f"{served.url}/health", timeout=NET)
     assert health.status_code == 503  # b cannot be served while the pin holds
     assert health.json()["status"] == "failed"
     assert "model b: " in health.json()["reason"]
     # A pinned model is kept loaded: a client's keep_alive 0 cannot unload it.
     unload = {"model": "a", "prompt": "", "keep_alive": 0}
-    refused = httpx.post(f"{served.url}/api/generate", json=unload, timeout=NET)
+    refused = plainhttp.post(f"{served.url}/api/generate", json=unload, timeout=NET)
     assert refused.status_code == 400, refused.text
     assert "pinned" in refused.json()["error"]
     assert served.model("a").state is ModelState.READY
@@ -144,7 +145,7 @@ def test_a_model_with_a_stream_in_flight_is_not_evicted_under_it(
 ) -> None:
     served = serve(runtime_for(aliases, ONE_MODEL))
     body = {"model": "a", "messages": HI, "max_tokens": 200, "stream": True}
-    with httpx.stream(
+    with plainhttp.stream(
         "POST", f"{served.url}/v1/chat/completions", json=body, timeout=NET
     ) as streaming:
         lines = streaming.iter_lines()
@@ -207,7 +208,7 @@ def test_two_models_decoding_at_once_both_progress(serve: ServeFactory, aliases:
         body |= {"temperature": 0, "ignore_eos": True}
         go.wait(NET)
         url = f"{served.url}/v1/chat/completions"
-        with httpx.stream("POST", url, json=body, timeout=NET) as response:
+        with plainhttp.stream("POST", url, json=body, timeout=NET) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     times[name].append(time.monotonic())

@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+import plainhttp
 from tokenbelt import Runtime
 from tooling import WEATHER
 
@@ -136,7 +137,6 @@ def test_auto_leaks_no_marker_into_content(served: Served, client: openai.OpenAI
 
 
 def test_the_anthropic_route_says_the_format_too(served: Served, family: str) -> None:
-    import httpx
 
     body = {
         "model": served.model().name,
@@ -145,7 +145,7 @@ def test_the_anthropic_route_says_the_format_too(served: Served, family: str) ->
         "tools": [{"name": "get_weather", "description": "The weather", "input_schema": PARAMS}],
         "tool_choice": {"type": "any"},
     }
-    answer = httpx.post(f"{served.url}/v1/messages", json=body, timeout=NET).json()
+    answer = plainhttp.post(f"{served.url}/v1/messages", json=body, timeout=NET).json()
     assert answer["tokenbelt"]["tool_format"] == family
     (block,) = [b for b in answer["content"] if b["type"] == "tool_use"]
     jsonschema.validate(block["input"], PARAMS)

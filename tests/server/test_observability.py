@@ -7,11 +7,11 @@ import logging
 import threading
 import time
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+import plainhttp
 from tokenbelt import EndReason, Runtime, ScriptedEngine
 from tokenbelt.belt import Trace
 from tokenbelt.belt._trace import DEFAULT_RELEASE_LAG_THRESHOLD
@@ -28,7 +28,7 @@ HISTOGRAMS = (
 
 
 def scrape(served: Served) -> dict[str, list[Sample]]:
-    response = httpx.get(f"{served.url}/metrics", timeout=NET)
+    response = plainhttp.get(f"{served.url}/metrics", timeout=NET)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     samples: dict[str, list[Sample]] = {}
@@ -68,7 +68,7 @@ def test_metrics_hold_every_series_after_traffic(serve: ServeFactory) -> None:
     served = serve(runtime)
     recorder = served.recorder
 
-    ok = httpx.post(f"{served.url}{CHAT}", json=chat_body(max_tokens=5), timeout=NET)
+    ok = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(max_tokens=5), timeout=NET)
     assert ok.status_code == 200
 
     with RawClient(served.url) as client:  # client_disconnect
@@ -81,7 +81,7 @@ def test_metrics_hold_every_series_after_traffic(serve: ServeFactory) -> None:
         client.send(CHAT, chat_body(stream=True, max_tokens=100_000))
         _, headers = client.read_head()
         client.read_until(b"data: ")
-        httpx.post(f"{served.url}/v1/requests/{headers['x-request-id']}/cancel", timeout=NET)
+        plainhttp.post(f"{served.url}/v1/requests/{headers['x-request-id']}/cancel", timeout=NET)
         client.read_until(b"data: [DONE]")
     recorder.wait(recorder.nth(2), "released")
 
@@ -93,7 +93,7 @@ def test_metrics_hold_every_series_after_traffic(serve: ServeFactory) -> None:
             during = scrape(served)
             assert value(during, "tokenbelt_running_requests", model="stuck") == 1
             assert value(during, "tokenbelt_queue_depth", model="stuck") == 0
-            httpx.post(f"{served.url}/v1/requests/{stuck.request_id}/cancel", timeout=NET)
+            plainhttp.post(f"{served.url}/v1/requests/{stuck.request_id}/cancel", timeout=NET)
             wait_lagging(stuck)
             gate.set()
             recorder.wait(stuck, "release_lag")
@@ -133,7 +133,7 @@ def test_one_json_log_line_per_finished_request(
 ) -> None:
     caplog.set_level(logging.INFO, logger="tokenbelt.requests")
     served = serve(_runtime())
-    ok = httpx.post(f"{served.url}{CHAT}", json=chat_body(max_tokens=4), timeout=NET)
+    ok = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(max_tokens=4), timeout=NET)
     with RawClient(served.url) as client:
         client.send(CHAT, chat_body(model="slow", stream=True, max_tokens=100_000))
         client.read_head()

@@ -17,6 +17,7 @@ import jsonschema
 import ollama
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, ModelState
 
 from .conftest import (
@@ -70,7 +71,7 @@ def name(served: Served) -> str:
 
 
 def record(served: Served, request_id: str) -> dict[str, object]:
-    body: dict[str, object] = httpx.get(
+    body: dict[str, object] = plainhttp.get(
         f"{served.url}/v1/requests/{request_id}", timeout=NET
     ).json()
     return body
@@ -181,10 +182,10 @@ def test_list_show_ps_and_version(client: ollama.Client, served: Served) -> None
     assert [m.model for m in running] == [name(served)]
     assert running[0].expires_at is None  # this runtime keeps its model loaded for ever
     # Read raw: clients before 0.5.4 drop the field.
-    (raw,) = httpx.get(f"{served.url}/api/ps", timeout=NET).json()["models"]
+    (raw,) = plainhttp.get(f"{served.url}/api/ps", timeout=NET).json()["models"]
     assert raw["context_length"] == served.model().context_length
 
-    version = httpx.get(f"{served.url}/api/version", timeout=NET).json()
+    version = plainhttp.get(f"{served.url}/api/version", timeout=NET).json()
     assert set(version) == {"version", "tokenbelt"}
 
 
@@ -329,7 +330,7 @@ def test_request_id_header_and_deadline_extension(served: Served) -> None:
         "stream": False,
         "tokenbelt": {"first_token_timeout": 0.001},
     }
-    answer = httpx.post(f"{served.url}/api/generate", json=body, timeout=NET)
+    answer = plainhttp.post(f"{served.url}/api/generate", json=body, timeout=NET)
     trace = served.recorder.nth(0)
     assert answer.headers["x-request-id"] == trace.request_id
     served.assert_released(trace, EndReason.FIRST_TOKEN_TIMEOUT)
@@ -338,7 +339,7 @@ def test_request_id_header_and_deadline_extension(served: Served) -> None:
     assert "first_token_timeout" in error["error"]
     assert error["tokenbelt"]["end_reason"] == "first_token_timeout"
 
-    streamed = httpx.post(
+    streamed = plainhttp.post(
         f"{served.url}/api/generate", json={**body, "stream": True}, timeout=NET
     ).text.splitlines()
     assert len(streamed) == 1  # no token came: only the last object
@@ -442,7 +443,7 @@ def test_format_constrains_the_reply(client: ollama.Client, served: Served) -> N
         assert isinstance(json.loads(generated.response), dict)
     # The ollama client checks the kind of format; a raw body can send any.
     bad = {"model": name(served), "messages": SEA, "format": "xml"}
-    refused = httpx.post(f"{served.url}/api/chat", json=bad, timeout=NET)
+    refused = plainhttp.post(f"{served.url}/api/chat", json=bad, timeout=NET)
     assert refused.status_code == 400
     assert "format" in refused.json()["error"]
 
@@ -502,7 +503,7 @@ def test_chat_with_tools_returns_a_parsed_call(client: ollama.Client, served: Se
     assert "<tool_call>" not in "".join(c.message.content or "" for c in chunks)
 
     # The raw line: Ollama's shape, with the call's index (Ollama >= 0.12 sends it).
-    raw = httpx.post(
+    raw = plainhttp.post(
         f"{served.url}/api/chat",
         json={
             "model": name(served),
@@ -560,7 +561,7 @@ def test_bad_tool_input_is_one_400_naming_the_field(
 ) -> None:
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}
     body = {"model": name(served), "messages": SEA, "tools": [tool], "stream": False, **change}
-    refused = httpx.post(f"{served.url}/api/chat", json=body, timeout=NET)
+    refused = plainhttp.post(f"{served.url}/api/chat", json=body, timeout=NET)
     assert refused.status_code == 400
     assert set(refused.json()) == {"error"}
     assert named in refused.json()["error"]
@@ -581,5 +582,5 @@ def test_a_keep_alive_past_its_range_is_refused_naming_it_and_ps_still_answers(
     assert "at most 31536000 seconds" in str(refused.value.error)
     assert served.recorder.events == []  # refused before anything was queued
     assert served.model().keep_alive == before  # unchanged
-    response = httpx.get(f"{served.url}/api/ps", timeout=NET)
+    response = plainhttp.get(f"{served.url}/api/ps", timeout=NET)
     assert response.status_code == 200

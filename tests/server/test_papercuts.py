@@ -10,10 +10,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from gguf import GGUFReader
 
+import plainhttp
 from models.fileserver import FileServer
 from models.fileserver import Served as File
 from models.test_hub_pull import COMMIT, FILE, gguf_bytes, publish
@@ -40,7 +40,7 @@ def scripted(serve: ServeFactory) -> Served:
 def test_delete_with_a_body_as_ollama_documents_it(scripted: Served) -> None:
     # curl -X DELETE http://localhost:11434/api/delete -d '{"model": "..."}'
     for name, status in (("no-such-model", 404), ("smollm2-135m", 200)):
-        answer = httpx.request(
+        answer = plainhttp.request(
             "DELETE",
             f"{scripted.url}/api/delete",
             content=json.dumps({"model": name}).encode(),
@@ -50,7 +50,7 @@ def test_delete_with_a_body_as_ollama_documents_it(scripted: Served) -> None:
         assert answer.status_code == status, answer.text
     assert (
         "no-such-model"
-        in httpx.request(
+        in plainhttp.request(
             "DELETE",
             f"{scripted.url}/api/delete",
             content=b'{"model": "no-such-model"}',
@@ -60,7 +60,7 @@ def test_delete_with_a_body_as_ollama_documents_it(scripted: Served) -> None:
 
 
 def test_a_refused_pull_suggests_only_names_a_client_can_use(scripted: Served) -> None:
-    answer = httpx.post(
+    answer = plainhttp.post(
         f"{scripted.url}/api/pull",
         json={"model": "smollm2-135m-instruct:Q4_1", "stream": False},
         timeout=NET,
@@ -89,7 +89,7 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FileServer]
 
 
 def pull_lines(served: Served, name: str) -> list[dict[str, object]]:
-    with httpx.stream(
+    with plainhttp.stream(
         "POST", f"{served.url}/api/pull", json={"model": name}, timeout=NET
     ) as answer:
         assert answer.status_code == 200
@@ -132,14 +132,18 @@ def test_no_server_path_in_an_answer_unless_the_admin_key_asked(real: Served) ->
         ("POST", "/api/show", {"model": name}),
     ]
     for method, where, body in asks:
-        user = httpx.request(method, real.url + where, json=body, headers=auth(USER), timeout=NET)
+        user = plainhttp.request(
+            method, real.url + where, json=body, headers=auth(USER), timeout=NET
+        )
         assert user.status_code == 200, user.text
         assert path not in user.text, where
-        admin = httpx.request(method, real.url + where, json=body, headers=auth(ADMIN), timeout=NET)
+        admin = plainhttp.request(
+            method, real.url + where, json=body, headers=auth(ADMIN), timeout=NET
+        )
         assert admin.status_code == 200
         if where != "/health":
             assert path in admin.text, where
-    shown = httpx.post(
+    shown = plainhttp.post(
         f"{real.url}/api/show", json={"model": name}, headers=auth(USER), timeout=NET
     ).json()
     assert shown["modelfile"] == f"FROM {Path(default_model_path()).name}\n"
@@ -152,7 +156,7 @@ def test_a_failed_load_names_its_file_not_where_it_is(serve: ServeFactory, tmp_p
     broken.write_bytes(b"GGUF" + b"\0" * 64)
     served = serve(Runtime(keep_alive=None), load=str(broken))
     for _ in range(200):
-        health = httpx.get(f"{served.url}/health", timeout=NET)
+        health = plainhttp.get(f"{served.url}/health", timeout=NET)
         if health.json()["status"] == "failed":
             break
         time.sleep(0.05)
@@ -163,13 +167,13 @@ def test_a_failed_load_names_its_file_not_where_it_is(serve: ServeFactory, tmp_p
 
 @pytest.mark.model
 def test_show_gives_the_parameter_size_from_the_gguf(real: Served) -> None:
-    shown = httpx.post(
+    shown = plainhttp.post(
         f"{real.url}/api/show", json={"model": real.model().name}, headers=auth(USER), timeout=NET
     ).json()
     reader = GGUFReader(str(default_model_path()), "r")
     count = sum(int(t.n_elements) for t in reader.tensors)
     assert shown["details"]["parameter_size"] == f"{count / 1e6:.2f}M"  # 134.52M, as Ollama
-    tags = httpx.get(f"{real.url}/api/tags", headers=auth(USER), timeout=NET).json()
+    tags = plainhttp.get(f"{real.url}/api/tags", headers=auth(USER), timeout=NET).json()
     assert tags["models"][0]["details"]["parameter_size"] == shown["details"]["parameter_size"]
 
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import BaseModel
 
+import plainhttp
 from tokenbelt import ScriptedEngine
 from tokenbelt.belt import RANGES
 from tokenbelt.server.anthropic._schemas import MessagesRequest
@@ -173,10 +173,10 @@ def test_just_past_either_end_is_a_400_naming_field_and_range(
     route, body, _ = DIALECTS[dialect]
     leaf = path.rsplit(".", 1)[-1]
     for value in _past(name):
-        refused = httpx.post(f"{served.url}{route}", json=_with(body, path, value), timeout=NET)
+        refused = plainhttp.post(f"{served.url}{route}", json=_with(body, path, value), timeout=NET)
         assert refused.status_code == 400, refused.text
         message = _message(dialect, refused.json())
         assert f"{leaf}: must be {RANGES[name].text()}, got {value!r}" in message
     assert served.recorder.events == []  # refused before anything was queued
-    again = httpx.post(f"{served.url}{route}", json=body, timeout=NET)
+    again = plainhttp.post(f"{served.url}{route}", json=body, timeout=NET)
     assert again.status_code == 200, again.text

@@ -4,10 +4,10 @@ is turned away, whichever layer turned it away."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import plainhttp
 from tokenbelt import ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -25,7 +25,7 @@ def served(serve: ServeFactory) -> Served:
 
 
 def refusals(served: Served) -> dict[tuple[str, str, str], float]:
-    text = httpx.get(f"{served.url}/metrics", headers=AUTH, timeout=NET).text
+    text = plainhttp.get(f"{served.url}/metrics", headers=AUTH, timeout=NET).text
     found: dict[tuple[str, str, str], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -68,7 +68,9 @@ def test_a_refused_request_increments_the_refusal_metric(
     series: tuple[str, str, str],
 ) -> None:
     before = refusals(served).get(series, 0.0)
-    answer = httpx.request(method, f"{served.url}{path}", json=body, headers=headers, timeout=NET)
+    answer = plainhttp.request(
+        method, f"{served.url}{path}", json=body, headers=headers, timeout=NET
+    )
     assert answer.status_code == int(series[1]), answer.text
     after = refusals(served)
     assert after.get(series, 0.0) == before + 1, after
@@ -76,6 +78,6 @@ def test_a_refused_request_increments_the_refusal_metric(
 
 def test_an_answered_request_is_not_a_refusal(served: Served) -> None:
     before = refusals(served)
-    answer = httpx.post(f"{served.url}{CHAT}", json=chat_body(), headers=AUTH, timeout=NET)
+    answer = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), headers=AUTH, timeout=NET)
     assert answer.status_code == 200
     assert refusals(served) == before

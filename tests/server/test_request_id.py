@@ -3,8 +3,7 @@ upstream, a non-streaming client cancels by it), and an id on every answer."""
 
 from __future__ import annotations
 
-import httpx
-
+import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
 from tokenbelt.server import ServerSettings
 
@@ -23,7 +22,7 @@ def test_a_new_well_formed_id_is_used_once(serve: ServeFactory) -> None:
     served = serve(scripted_runtime(ScriptedEngine([" a", " b"], delay=0.0)))
 
     def ask(request_id: str) -> str:
-        answer = httpx.post(
+        answer = plainhttp.post(
             served.url + CHAT, json=chat_body(), headers={"x-request-id": request_id}, timeout=NET
         )
         assert answer.status_code == 200, answer.text
@@ -38,7 +37,7 @@ def test_a_new_well_formed_id_is_used_once(serve: ServeFactory) -> None:
     assert again.startswith("req_")
     odd = ask("../../etc")
     assert odd.startswith("req_")
-    found = httpx.get(f"{served.url}/v1/requests/req_front_1", timeout=NET).json()
+    found = plainhttp.get(f"{served.url}/v1/requests/req_front_1", timeout=NET).json()
     assert found["end_reason"] == "stop"
 
 
@@ -51,13 +50,13 @@ def test_every_answer_carries_a_request_id_429_included(serve: ServeFactory) -> 
     queued = served.model().stream(prompt="fill the queue")
     served.recorder.wait(queued.trace, "enqueued")
 
-    refused = httpx.post(served.url + CHAT, json=chat_body(), timeout=NET)
+    refused = plainhttp.post(served.url + CHAT, json=chat_body(), timeout=NET)
     assert refused.status_code == 429
     request_id = refused.headers["x-request-id"]
     # The refusal is recorded under the id it was given.
-    record = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
+    record = plainhttp.get(f"{served.url}/v1/requests/{request_id}", timeout=NET).json()
     assert record["end_reason"] == "rejected"
-    mine = httpx.post(
+    mine = plainhttp.post(
         served.url + CHAT, json=chat_body(), headers={"x-request-id": "mine-429"}, timeout=NET
     )
     assert (mine.status_code, mine.headers["x-request-id"]) == (429, "mine-429")
@@ -69,19 +68,21 @@ def test_every_answer_carries_a_request_id_429_included(serve: ServeFactory) -> 
             {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
         ),
     ):
-        other = httpx.post(served.url + path, json=body, timeout=NET)
+        other = plainhttp.post(served.url + path, json=body, timeout=NET)
         assert other.status_code == 429, other.text
-        found = httpx.get(f"{served.url}/v1/requests/{other.headers['x-request-id']}", timeout=NET)
+        found = plainhttp.get(
+            f"{served.url}/v1/requests/{other.headers['x-request-id']}", timeout=NET
+        )
         assert found.json()["end_reason"] == "rejected"
 
     for answer in (
-        httpx.post(served.url + CHAT, json={"messages": 3}, timeout=NET),  # invalid body
-        httpx.post(served.url + CHAT, content=b"x" * 5000, timeout=NET),  # too large
-        httpx.post(served.url + CHAT, json=chat_body(model="nope"), timeout=NET),
-        httpx.get(f"{served.url}/v1/requests/req_unknown", timeout=NET),
-        httpx.delete(served.url + CHAT, timeout=NET),
-        httpx.get(f"{served.url}/nowhere", timeout=NET),
-        httpx.get(f"{served.url}/health", timeout=NET),
+        plainhttp.post(served.url + CHAT, json={"messages": 3}, timeout=NET),  # invalid body
+        plainhttp.post(served.url + CHAT, content=b"x" * 5000, timeout=NET),  # too large
+        plainhttp.post(served.url + CHAT, json=chat_body(model="nope"), timeout=NET),
+        plainhttp.get(f"{served.url}/v1/requests/req_unknown", timeout=NET),
+        plainhttp.delete(served.url + CHAT, timeout=NET),
+        plainhttp.get(f"{served.url}/nowhere", timeout=NET),
+        plainhttp.get(f"{served.url}/health", timeout=NET),
     ):
         assert answer.status_code != 200 or answer.request.url.path == "/health"
         assert answer.headers["x-request-id"].startswith("req_"), answer.request.url
@@ -95,7 +96,7 @@ def test_a_non_streaming_client_cancels_by_its_own_id(serve: ServeFactory) -> No
         client.send(CHAT, chat_body(), headers={"x-request-id": "job-42"})
         trace = served.recorder.by_id("job-42")
         served.recorder.wait(trace, "first_token")
-        cancel = httpx.post(f"{served.url}/v1/requests/job-42/cancel", timeout=NET)
+        cancel = plainhttp.post(f"{served.url}/v1/requests/job-42/cancel", timeout=NET)
         assert cancel.json()["cancelled"] is True
         status, headers = client.read_head()
     assert (status, headers["x-request-id"]) == (200, "job-42")

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, GenerationRequest, ScriptedEngine
 from tokenbelt.belt import Producer
 from tokenbelt.server import ServerSettings
@@ -70,7 +71,7 @@ def client(stateless: Served) -> Iterator[openai.OpenAI]:
 def _events(served: Served, body: dict[str, Any]) -> list[dict[str, Any]]:
     """Every event of a streamed response, read with plain httpx (event: and data:)."""
     events = []
-    with httpx.stream(
+    with plainhttp.stream(
         "POST", f"{served.url}/v1/responses", json={**body, "stream": True}, timeout=NET
     ) as r:
         assert r.status_code == 200, r.read()
@@ -86,7 +87,7 @@ def _events(served: Served, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _post(served: Served, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{served.url}/v1/responses", json=body, timeout=NET)
+    return plainhttp.post(f"{served.url}/v1/responses", json=body, timeout=NET)
 
 
 # -- the object and its events ---------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_without_a_store_state_is_a_clear_400(
 
 
 def test_health_says_the_server_is_stateless(stateless: Served) -> None:
-    body = httpx.get(f"{stateless.url}/health", timeout=NET).json()
+    body = plainhttp.get(f"{stateless.url}/health", timeout=NET).json()
     assert body["responses_store"]["enabled"] is False
 
 
@@ -246,7 +247,7 @@ def test_store_false_keeps_nothing(stored: Served) -> None:
 def test_the_store_is_in_metrics(stored: Served) -> None:
     with _client(stored) as c:
         c.responses.create(model="scripted", input="hi")
-    text = httpx.get(f"{stored.url}/metrics", timeout=NET).text
+    text = plainhttp.get(f"{stored.url}/metrics", timeout=NET).text
     assert "tokenbelt_responses_stored 1.0" in text
     assert "tokenbelt_responses_store_budget_bytes 1.048576e+06" in text
 
@@ -255,7 +256,7 @@ def test_the_store_is_in_metrics(stored: Served) -> None:
 
 
 def _cancel(served: Served, response_id: str) -> dict[str, Any]:
-    r = httpx.post(f"{served.url}/v1/responses/{response_id}/cancel", timeout=NET)
+    r = plainhttp.post(f"{served.url}/v1/responses/{response_id}/cancel", timeout=NET)
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
     return body
@@ -263,7 +264,7 @@ def _cancel(served: Served, response_id: str) -> dict[str, Any]:
 
 def test_cancel_a_streamed_response(stateless: Served) -> None:
     events: list[dict[str, Any]] = []
-    with httpx.stream(
+    with plainhttp.stream(
         "POST",
         f"{stateless.url}/v1/responses",
         json={"model": "endless", "input": "hi", "stream": True},
@@ -308,7 +309,7 @@ def test_cancel_a_blocking_response(stateless: Served) -> None:
 
 
 def test_cancel_of_an_unknown_response_is_a_404(stateless: Served) -> None:
-    r = httpx.post(f"{stateless.url}/v1/responses/resp_nope/cancel", timeout=NET)
+    r = plainhttp.post(f"{stateless.url}/v1/responses/resp_nope/cancel", timeout=NET)
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "response_not_found"
 
@@ -325,11 +326,13 @@ def test_background_runs_detached_and_resumes(stored: Served) -> None:
     trace = stored.recorder.nth(0)
     stored.assert_released(trace, EndReason.STOP)
     url = f"{stored.url}/v1/responses/{started['id']}"
-    with httpx.stream("GET", url, params={"stream": "true", "starting_after": 2}, timeout=NET) as s:
+    with plainhttp.stream(
+        "GET", url, params={"stream": "true", "starting_after": 2}, timeout=NET
+    ) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
     assert events[0]["sequence_number"] == 3
     assert events[-1]["type"] == "response.completed"
-    assert httpx.get(url, timeout=NET).json()["status"] == "completed"
+    assert plainhttp.get(url, timeout=NET).json()["status"] == "completed"
 
 
 def test_cancel_a_background_response(stored: Served) -> None:
@@ -339,7 +342,7 @@ def test_cancel_a_background_response(stored: Served) -> None:
     answer = _cancel(stored, started["id"])
     stored.assert_released(trace, EndReason.USER_CANCEL)
     assert answer["status"] == "cancelled"
-    kept = httpx.get(f"{stored.url}/v1/responses/{started['id']}", timeout=NET).json()
+    kept = plainhttp.get(f"{stored.url}/v1/responses/{started['id']}", timeout=NET).json()
     assert kept["status"] == "cancelled"
     assert kept["tokenbelt"]["end_reason"] == "user_cancel"
 
@@ -385,7 +388,7 @@ def test_bad_input_is_a_400_naming_it(stateless: Served, body: dict[str, Any], p
 def test_a_route_that_is_not_here_says_so(
     stateless: Served, method: str, path: str, status: int
 ) -> None:
-    r = httpx.request(method, f"{stateless.url}{path}", json={}, timeout=NET)
+    r = plainhttp.request(method, f"{stateless.url}{path}", json={}, timeout=NET)
     assert r.status_code == status
     body = r.json()
     message = body["error"]["message"]

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from pydantic import BaseModel
 
+import plainhttp
 from tokenbelt import EndReason
 from tokenbelt.models import default_model_path
 from tokenbelt.server import ServerSettings
@@ -216,7 +216,7 @@ def test_cancel_releases_within_a_step(served: Served, client: openai.OpenAI) ->
             if event.type == "response.created":
                 response_id = event.response.id
             if event.type == "response.output_text.delta" and got.count(event.type) == 3:
-                answer = httpx.post(
+                answer = plainhttp.post(
                     f"{served.url}/v1/responses/{response_id}/cancel", timeout=NET
                 ).json()
     trace = served.recorder.nth(0)
@@ -233,7 +233,7 @@ def test_cancel_releases_within_a_step(served: Served, client: openai.OpenAI) ->
 
 
 def test_cancel_a_background_response_on_the_model(served: Served) -> None:
-    started = httpx.post(
+    started = plainhttp.post(
         f"{served.url}/v1/responses",
         timeout=NET,
         json={
@@ -245,11 +245,11 @@ def test_cancel_a_background_response_on_the_model(served: Served) -> None:
     ).json()
     trace = served.recorder.nth(0)
     served.recorder.wait(trace, "first_token")
-    answer = httpx.post(f"{served.url}/v1/responses/{started['id']}/cancel", timeout=NET).json()
+    answer = plainhttp.post(f"{served.url}/v1/responses/{started['id']}/cancel", timeout=NET).json()
     served.assert_released(trace, EndReason.USER_CANCEL)
     assert answer["status"] == "cancelled"
     url = f"{served.url}/v1/responses/{started['id']}"
-    with httpx.stream("GET", url, params={"stream": "true"}, timeout=NET) as s:
+    with plainhttp.stream("GET", url, params={"stream": "true"}, timeout=NET) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
     assert events[-1]["type"] == "response.incomplete"
     assert events[-1]["response"]["tokenbelt"]["end_reason"] == "user_cancel"
@@ -321,7 +321,7 @@ def test_a_codex_shaped_second_turn_reports_cached_tokens(served: Served) -> Non
     for turn in range(2):
         body = _codex_turn(transcript)
         body.pop("reasoning")  # Codex leaves it out for a model that does not reason
-        with httpx.stream("POST", f"{served.url}/v1/responses", json=body, timeout=NET) as r:
+        with plainhttp.stream("POST", f"{served.url}/v1/responses", json=body, timeout=NET) as r:
             assert r.status_code == 200, r.read()
             events.append(
                 [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
@@ -347,7 +347,7 @@ def test_a_codex_shaped_second_turn_reports_cached_tokens(served: Served) -> Non
 def test_codex_built_in_tools_are_refused_by_name(served: Served) -> None:
     body = _codex_turn([{"role": "user", "content": "hi"}])
     body["tools"] = [*CODEX_TOOLS, {"type": "web_search"}]
-    r = httpx.post(f"{served.url}/v1/responses", json=body, timeout=NET)
+    r = plainhttp.post(f"{served.url}/v1/responses", json=body, timeout=NET)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "tools.2.type"
     assert "'web_search'" in r.json()["error"]["message"]
@@ -362,17 +362,17 @@ def test_a_cut_call_is_an_incomplete_function_call(served: Served, stream: bool)
         "tool_choice": "required",
         "temperature": 0,
     }
-    whole = httpx.post(f"{served.url}/v1/responses", json=body, timeout=NET).json()
+    whole = plainhttp.post(f"{served.url}/v1/responses", json=body, timeout=NET).json()
     assert whole["output"][0]["type"] == "function_call"
     # Two tokens short of the whole call: cut inside its arguments.
     body.update(max_output_tokens=whole["usage"]["output_tokens"] - 2, stream=stream)
     if stream:
-        with httpx.stream("POST", f"{served.url}/v1/responses", json=body, timeout=NET) as r:
+        with plainhttp.stream("POST", f"{served.url}/v1/responses", json=body, timeout=NET) as r:
             lines = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
         final = lines[-1]["response"]
         assert lines[-1]["type"] == "response.incomplete"
     else:
-        final = httpx.post(f"{served.url}/v1/responses", json=body, timeout=NET).json()
+        final = plainhttp.post(f"{served.url}/v1/responses", json=body, timeout=NET).json()
     assert final["status"] == "incomplete"
     assert final["tokenbelt"]["tool_call_cut"] is True
     [call] = final["output"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
+import plainhttp
 from tokenbelt import EndReason, Limits, Runtime, ScriptedEngine
 from tokenbelt._defaults import DEFAULT_CAPACITY
 from tokenbelt.server import ServerSettings
@@ -23,7 +22,7 @@ def _runtime(**options: Any) -> Runtime:
 def _capacities(url: str, **extra: Any) -> set[int]:
     """The belt capacity every chunk of one streamed chat reports."""
     body = chat_body(stream=True, **extra)
-    with httpx.stream("POST", f"{url}{CHAT}", json=body, timeout=NET) as response:
+    with plainhttp.stream("POST", f"{url}{CHAT}", json=body, timeout=NET) as response:
         assert response.status_code == 200
         events = collect(response.iter_lines())
     return {e["tokenbelt"]["capacity"] for e in events[:-1] if e["choices"][0]["delta"]}
@@ -50,7 +49,7 @@ def test_a_request_without_deadlines_gets_the_runtimes_own(serve: ServeFactory) 
     runtime = Runtime(keep_alive=None, limits=Limits(first_token=0.2))
     runtime.add_engines("scripted", [ScriptedEngine(words(5), prefill_delay=NET)])
     served = serve(runtime)
-    response = httpx.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
+    response = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
     assert response.status_code == 504
     reason = EndReason.FIRST_TOKEN_TIMEOUT
     assert response.json()["tokenbelt"]["end_reason"] == reason.value

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason, InvalidArgument, ScriptedEngine
 from tokenbelt.cli import main
 from tokenbelt.cli._serve import allowed_hosts
@@ -48,10 +49,10 @@ def test_the_api_needs_the_bearer_key_and_health_stays_open(serve: ServeFactory)
     url = served.url
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k"}):
         for response in (
-            httpx.post(f"{url}{CHAT}", json=chat_body(), headers=headers, timeout=NET),
-            httpx.get(f"{url}/v1/models", headers=headers, timeout=NET),
-            httpx.get(f"{url}/v1/requests", headers=headers, timeout=NET),
-            httpx.get(f"{url}/metrics", headers=headers, timeout=NET),
+            plainhttp.post(f"{url}{CHAT}", json=chat_body(), headers=headers, timeout=NET),
+            plainhttp.get(f"{url}/v1/models", headers=headers, timeout=NET),
+            plainhttp.get(f"{url}/v1/requests", headers=headers, timeout=NET),
+            plainhttp.get(f"{url}/metrics", headers=headers, timeout=NET),
         ):
             assert response.status_code == 401, (headers, response.request.url)
             assert response.headers["www-authenticate"] == "Bearer"
@@ -60,23 +61,23 @@ def test_the_api_needs_the_bearer_key_and_health_stays_open(serve: ServeFactory)
             assert error["code"] == "invalid_api_key"
     assert served.recorder.events == [], "an unauthorised request never reaches the model"
 
-    health = httpx.get(f"{url}/health", timeout=NET)
+    health = plainhttp.get(f"{url}/health", timeout=NET)
     assert health.status_code == 200
     assert health.json()["status"] == "ok"
 
     auth = {"Authorization": "Bearer k"}
-    reply = httpx.post(f"{url}{CHAT}", json=chat_body(), headers=auth, timeout=NET)
+    reply = plainhttp.post(f"{url}{CHAT}", json=chat_body(), headers=auth, timeout=NET)
     assert reply.status_code == 200
-    assert httpx.get(f"{url}/metrics", headers=auth, timeout=NET).status_code == 200
+    assert plainhttp.get(f"{url}/metrics", headers=auth, timeout=NET).status_code == 200
 
 
 def test_no_cors_headers_for_a_foreign_origin_by_default(serve: ServeFactory) -> None:
     served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
     origin = {"Origin": "http://evil.example"}
-    simple = httpx.post(f"{served.url}{CHAT}", json=chat_body(), headers=origin, timeout=NET)
+    simple = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), headers=origin, timeout=NET)
     assert simple.status_code == 200
     assert not any(h.startswith("access-control-") for h in simple.headers)
-    preflight = httpx.options(
+    preflight = plainhttp.options(
         f"{served.url}{CHAT}",
         headers={**origin, "Access-Control-Request-Method": "POST"},
         timeout=NET,
@@ -91,10 +92,10 @@ def test_cors_only_for_configured_origins(serve: ServeFactory) -> None:
         ServerSettings(cors_origins=(allowed,)),
     )
     url = f"{served.url}{CHAT}"
-    ok = httpx.post(url, json=chat_body(), headers={"Origin": allowed}, timeout=NET)
+    ok = plainhttp.post(url, json=chat_body(), headers={"Origin": allowed}, timeout=NET)
     assert ok.headers["access-control-allow-origin"] == allowed
     assert "x-request-id" in ok.headers["access-control-expose-headers"]
-    preflight = httpx.options(
+    preflight = plainhttp.options(
         url,
         headers={
             "Origin": allowed,
@@ -106,7 +107,7 @@ def test_cors_only_for_configured_origins(serve: ServeFactory) -> None:
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == allowed
 
-    foreign = httpx.post(url, json=chat_body(), headers={"Origin": "http://evil.example"})
+    foreign = plainhttp.post(url, json=chat_body(), headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in foreign.headers
 
 
@@ -126,12 +127,14 @@ def test_a_rebinding_host_is_refused(serve: ServeFactory) -> None:
         assert body["error"]["code"] == "host_not_allowed"
         assert headers["x-request-id"].startswith("req_")
     for path in ("/v1/requests", "/health", "/"):
-        refused = httpx.get(served.url + path, headers={"Host": "evil.example"}, timeout=NET)
+        refused = plainhttp.get(served.url + path, headers={"Host": "evil.example"}, timeout=NET)
         assert refused.status_code == 421, path
     assert served.recorder.events == [], "a refused request never reaches the model"
 
     for host in ("localhost", f"localhost:{served.port}", "127.0.0.1", "[::1]:8080", "LOCALHOST"):
-        ok = httpx.post(served.url + CHAT, json=chat_body(), headers={"Host": host}, timeout=NET)
+        ok = plainhttp.post(
+            served.url + CHAT, json=chat_body(), headers={"Host": host}, timeout=NET
+        )
         assert ok.status_code == 200, host
 
 
@@ -140,10 +143,10 @@ def test_allowed_hosts_are_configurable(serve: ServeFactory) -> None:
         scripted_runtime(ScriptedEngine(words(3), delay=0)),
         ServerSettings(allowed_hosts=("llm.internal",)),
     )
-    ok = httpx.get(f"{served.url}/v1/models", headers={"Host": "llm.internal:80"}, timeout=NET)
+    ok = plainhttp.get(f"{served.url}/v1/models", headers={"Host": "llm.internal:80"}, timeout=NET)
     assert ok.status_code == 200
     # Only the names given: loopback names too must be listed to be served.
-    assert httpx.get(f"{served.url}/v1/models", timeout=NET).status_code == 421
+    assert plainhttp.get(f"{served.url}/v1/models", timeout=NET).status_code == 421
 
 
 def test_serve_allows_loopback_names_and_any_name_on_a_public_bind() -> None:
@@ -157,10 +160,14 @@ def test_the_bearer_scheme_is_case_insensitive(serve: ServeFactory) -> None:
         scripted_runtime(ScriptedEngine(words(3), delay=0)), ServerSettings(api_key="k3y")
     )
     for value in ("bearer k3y", "BEARER k3y", "Bearer  k3y", "bEaReR k3y"):
-        answer = httpx.get(f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET)
+        answer = plainhttp.get(
+            f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET
+        )
         assert answer.status_code == 200, value
     for value in ("bearer k3", "basic k3y", "k3y", "bearer", "bearerk3y"):
-        answer = httpx.get(f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET)
+        answer = plainhttp.get(
+            f"{served.url}/v1/models", headers={"Authorization": value}, timeout=NET
+        )
         assert answer.status_code == 401, value
 
 
@@ -199,7 +206,7 @@ def test_a_model_path_does_not_tell_whether_the_file_exists(
     missing = tmp_path / "missing.gguf"
 
     def ask(path: Path) -> httpx.Response:
-        return httpx.post(served.url + CHAT, json=chat_body(model=str(path)), timeout=NET)
+        return plainhttp.post(served.url + CHAT, json=chat_body(model=str(path)), timeout=NET)
 
     found, absent = ask(real), ask(missing)
     assert found.status_code == absent.status_code == 404
@@ -233,23 +240,27 @@ def test_a_client_cannot_read_or_cancel_another_clients_request(serve: ServeFact
         bob = RawClient(url)
         bob.send(CHAT, chat_body(stream=True), headers=as_("bob-key"))
         mine = bob.read_head()[1]["x-request-id"]
-        unknown = httpx.get(f"{url}/v1/requests/req_nobody", headers=as_("bob-key"), timeout=NET)
+        unknown = plainhttp.get(
+            f"{url}/v1/requests/req_nobody", headers=as_("bob-key"), timeout=NET
+        )
         for answer in (
-            httpx.get(f"{url}/v1/requests/{theirs}", headers=as_("bob-key"), timeout=NET),
-            httpx.post(f"{url}/v1/requests/{theirs}/cancel", headers=as_("bob-key"), timeout=NET),
+            plainhttp.get(f"{url}/v1/requests/{theirs}", headers=as_("bob-key"), timeout=NET),
+            plainhttp.post(
+                f"{url}/v1/requests/{theirs}/cancel", headers=as_("bob-key"), timeout=NET
+            ),
         ):
             assert answer.status_code == 404
             assert answer.json()["error"]["code"] == unknown.json()["error"]["code"]
-        listed = httpx.get(f"{url}/v1/requests", headers=as_("bob-key"), timeout=NET).json()
+        listed = plainhttp.get(f"{url}/v1/requests", headers=as_("bob-key"), timeout=NET).json()
         assert [r["request_id"] for r in listed["data"]] == [mine]
         assert served.recorder.by_id(theirs).end_reason is None, "Bob stopped nothing"
 
         # The admin key sees everyone's; Alice reads and cancels her own.
-        every = httpx.get(f"{url}/v1/requests", headers=as_("root-key"), timeout=NET).json()
+        every = plainhttp.get(f"{url}/v1/requests", headers=as_("root-key"), timeout=NET).json()
         assert {r["request_id"] for r in every["data"]} == {theirs, mine}
-        own = httpx.get(f"{url}/v1/requests/{theirs}", headers=as_("alice-key"), timeout=NET)
+        own = plainhttp.get(f"{url}/v1/requests/{theirs}", headers=as_("alice-key"), timeout=NET)
         assert own.status_code == 200
-        cancel = httpx.post(
+        cancel = plainhttp.post(
             f"{url}/v1/requests/{theirs}/cancel", headers=as_("alice-key"), timeout=NET
         )
         assert cancel.json()["cancelled"] is True
@@ -297,7 +308,7 @@ def test_curl_d_and_a_body_without_content_type_are_json_but_not_from_a_browser(
     for route in ("/api/chat", "/v1/chat/completions"):
         for content_type in (None, "text/plain;charset=UTF-8"):
             headers = {} if content_type is None else {"content-type": content_type}
-            ok = httpx.post(served.url + route, content=body, headers=headers, timeout=NET)
+            ok = plainhttp.post(served.url + route, content=body, headers=headers, timeout=NET)
             assert ok.status_code == 200, ok.text
     answered = len(served.recorder.events)
 
@@ -306,7 +317,7 @@ def test_curl_d_and_a_body_without_content_type_are_json_but_not_from_a_browser(
             headers = {"origin": "https://page.example"}
             if content_type is not None:
                 headers["content-type"] = content_type
-            refused = httpx.post(served.url + route, content=body, headers=headers, timeout=NET)
+            refused = plainhttp.post(served.url + route, content=body, headers=headers, timeout=NET)
             assert refused.status_code == 400, refused.text
             assert "Content-Type: application/json" in refused.text
     assert len(served.recorder.events) == answered  # nothing more was queued
@@ -317,11 +328,11 @@ def test_with_api_keys_health_details_are_for_key_holders_only(serve: ServeFacto
     stranger could use (worker pids, memory, crash and load errors) needs a key."""
     served = serve(scripted_runtime(StallingEngine([" a"])), ServerSettings(api_key="alice-key"))
     for path in ("/health", "/health/ready"):
-        anonymous = httpx.get(f"{served.url}{path}", timeout=NET)
+        anonymous = plainhttp.get(f"{served.url}{path}", timeout=NET)
         assert anonymous.status_code == 200
         assert set(anonymous.json()) == {"status", "models", "details"}
         assert anonymous.json()["status"] == "ok"
-        keyed = httpx.get(
+        keyed = plainhttp.get(
             f"{served.url}{path}", headers={"Authorization": "Bearer alice-key"}, timeout=NET
         )
         assert keyed.status_code == 200

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
+import plainhttp
 from tokenbelt import SamplingParams, ScriptedEngine
 from tokenbelt.engines import SAMPLING_RANGES
 
@@ -29,12 +29,12 @@ def test_http_and_sdk_draw_the_same_lines(served: Served, name: str) -> None:
     for bad in (below, above):
         with pytest.raises(Exception, match=name):
             SamplingParams(**{name: bad})
-        refused = httpx.post(f"{served.url}{CHAT}", json=chat_body(**{name: bad}), timeout=NET)
+        refused = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(**{name: bad}), timeout=NET)
         assert refused.status_code in (400, 422), refused.text
         assert refused.json()["error"]["param"] == name
     assert getattr(SamplingParams(**{name: high}), name) == high
     body = chat_body(**{name: high})
     if name != "max_tokens":
         body["max_tokens"] = 2
-    accepted = httpx.post(f"{served.url}{CHAT}", json=body, timeout=NET)
+    accepted = plainhttp.post(f"{served.url}{CHAT}", json=body, timeout=NET)
     assert accepted.status_code == 200, accepted.text

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -25,6 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
 
 from .conftest import NET, ServeFactory, scripted_runtime, words
@@ -101,7 +101,7 @@ def test_no_5xx_over_the_openapi_schema(serve: ServeFactory) -> None:
 
 def test_the_document_lists_every_status_and_error_body(serve: ServeFactory) -> None:
     served = serve(scripted_runtime(ScriptedEngine(words(3), delay=0)))
-    document = httpx.get(f"{served.url}/openapi.json", timeout=NET).json()
+    document = plainhttp.get(f"{served.url}/openapi.json", timeout=NET).json()
     paths = document["paths"]
 
     chat = paths["/v1/chat/completions"]["post"]["responses"]
@@ -125,5 +125,5 @@ def test_the_document_lists_every_status_and_error_body(serve: ServeFactory) -> 
 
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
-    served_metrics = httpx.get(f"{served.url}/metrics", timeout=NET)
+    served_metrics = plainhttp.get(f"{served.url}/metrics", timeout=NET)
     assert served_metrics.headers["content-type"].startswith("text/plain")

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
 
+import plainhttp
 from tokenbelt import ScriptedEngine
 
 from .conftest import NET, Served, SharedServer, scripted_runtime, shared_server, words
@@ -76,9 +76,9 @@ def _valid_per_document(document: dict[str, Any], path: str, body: dict[str, Any
 def test_the_document_and_the_server_agree(
     served: Served, path: str, body: dict[str, Any], field: str | None
 ) -> None:
-    document = httpx.get(f"{served.url}/openapi.json", timeout=NET).json()
+    document = plainhttp.get(f"{served.url}/openapi.json", timeout=NET).json()
     assert _valid_per_document(document, path, body) is (field is None)
-    response = httpx.post(f"{served.url}{path}", json=body, timeout=NET)
+    response = plainhttp.post(f"{served.url}{path}", json=body, timeout=NET)
     if field is None:
         assert response.status_code == 200, response.text
     else:

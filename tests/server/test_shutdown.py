@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
+import plainhttp
 from tokenbelt import EndReason, GenerationRequest, ScriptedEngine
 from tokenbelt.belt import Producer
 from tokenbelt.server import create_app
@@ -99,7 +100,7 @@ def test_shutdown_refuses_new_requests_ends_running_ones_and_exits(
     answers: list[httpx.Response] = []
 
     def ask() -> None:
-        answers.append(httpx.post(f"{harness.url}{CHAT}", json=chat_body(), timeout=NET))
+        answers.append(plainhttp.post(f"{harness.url}{CHAT}", json=chat_body(), timeout=NET))
 
     running = threading.Thread(target=ask)
     running.start()
@@ -110,14 +111,14 @@ def test_shutdown_refuses_new_requests_ends_running_ones_and_exits(
     assert trace.end_reason is EndReason.SHUTDOWN
     assert trace.released is None  # the drain waits for it
 
-    refused = httpx.post(f"{harness.url}{CHAT}", json=chat_body(), timeout=NET)
+    refused = plainhttp.post(f"{harness.url}{CHAT}", json=chat_body(), timeout=NET)
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["code"] == "shutting_down"
-    ready = httpx.get(f"{harness.url}/health/ready", timeout=NET)
+    ready = plainhttp.get(f"{harness.url}/health/ready", timeout=NET)
     assert ready.status_code == 503
     assert ready.json()["status"] == "shutting_down"
-    assert httpx.get(f"{harness.url}/health/live", timeout=NET).status_code == 200
+    assert plainhttp.get(f"{harness.url}/health/live", timeout=NET).status_code == 200
 
     engine.done.set()
     running.join(NET)
@@ -144,7 +145,7 @@ def test_a_streamed_response_gets_its_terminal_event_on_shutdown(
 
     def read() -> None:
         body = {"input": "hi", "stream": True}
-        with httpx.stream("POST", f"{harness.url}/v1/responses", json=body, timeout=NET) as r:
+        with plainhttp.stream("POST", f"{harness.url}/v1/responses", json=body, timeout=NET) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(json.loads(line[6:]))

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-import httpx
 import jsonschema
 import openai
 import pydantic
 import pytest
 
+import plainhttp
 from tokenbelt import EndReason
 from tokenbelt.belt import TraceEvent
 
@@ -246,7 +246,7 @@ def test_a_schema_that_cannot_compile_is_a_400_before_any_compute(
     assert caught.value.body["param"] == "tools"  # type: ignore[index]
     # Nothing was queued, admitted or decoded: no request was ever recorded.
     assert served.recorder.events == []
-    assert httpx.get(f"{served.url}/v1/requests").json()["data"] == []
+    assert plainhttp.get(f"{served.url}/v1/requests").json()["data"] == []
 
 
 SIGNUP = {
@@ -442,7 +442,7 @@ def test_a_stop_inside_a_constrained_stream_lands_within_a_step(
     for received, chunk in enumerate(stream, 1):
         if received == 10:
             request_id = chunk.id
-            reply = httpx.post(f"{served.url}/v1/requests/{request_id}/cancel", timeout=NET)
+            reply = plainhttp.post(f"{served.url}/v1/requests/{request_id}/cancel", timeout=NET)
             assert reply.json()["cancelled"] is True
     trace = served.recorder.nth(0)
     served.assert_released(trace, EndReason.USER_CANCEL)

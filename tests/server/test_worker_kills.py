@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+import plainhttp
 from serving import serve_default_model
 from tokenbelt.engines import HEARTBEAT_BOUND_S
 
@@ -40,7 +40,7 @@ def _worker(url: str) -> tuple[str, int]:
     """The model's name and its worker's pid, once a worker is ready."""
     deadline = time.monotonic() + NET
     while time.monotonic() < deadline:
-        health = httpx.get(f"{url}/health", timeout=NET).json()
+        health = plainhttp.get(f"{url}/health", timeout=NET).json()
         ((name, worker),) = health["workers"].items()
         if worker["state"] == "ready" and worker["pid"]:
             return name, int(worker["pid"])
@@ -49,7 +49,7 @@ def _worker(url: str) -> tuple[str, int]:
 
 
 def _record(url: str, request_id: str) -> dict[str, object] | None:
-    response = httpx.get(f"{url}/v1/requests/{request_id}", timeout=NET)
+    response = plainhttp.get(f"{url}/v1/requests/{request_id}", timeout=NET)
     return None if response.status_code == 404 else response.json()  # type: ignore[no-any-return]
 
 
@@ -64,13 +64,13 @@ def test_ollama_stream_ends_done_with_the_reason_and_a_waiting_request_is_served
     def waiting() -> None:
         # Sent while the worker is stopped: in its pipe, never admitted by its engine.
         one = {**body, "stream": False, "options": {"num_predict": 8, "temperature": 0}}
-        response = httpx.post(
+        response = plainhttp.post(
             f"{url}/api/chat", json=one, headers={"x-request-id": "waiting-1"}, timeout=NET
         )
         answer.update(status=response.status_code, body=response.json())
 
     helper = threading.Thread(target=waiting, daemon=True)
-    with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=NET) as response:
+    with plainhttp.stream("POST", f"{url}/api/chat", json=body, timeout=NET) as response:
         for line in response.iter_lines():
             lines.append(json.loads(line))
             if len(lines) == 3:
@@ -103,7 +103,7 @@ def test_anthropic_stream_ends_with_message_delta_and_message_stop(url: str) -> 
     name, pid = _worker(url)
     body = {"model": name, "messages": SEA, "max_tokens": 400, "stream": True}
     events: list[tuple[str, dict[str, object]]] = []
-    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=NET) as response:
+    with plainhttp.stream("POST", f"{url}/v1/messages", json=body, timeout=NET) as response:
         kind = ""
         for line in response.iter_lines():
             if line.startswith("event: "):
@@ -125,11 +125,11 @@ def test_anthropic_stream_ends_with_message_delta_and_message_stop(url: str) -> 
 
 def test_a_frozen_worker_is_not_ready_within_the_bound_and_ready_again_after(url: str) -> None:
     _name, pid = _worker(url)
-    assert httpx.get(f"{url}/health/ready", timeout=NET).status_code == 200
+    assert plainhttp.get(f"{url}/health/ready", timeout=NET).status_code == 200
     os.kill(pid, signal.SIGSTOP)
     try:
         stopped = time.monotonic()
-        while (response := httpx.get(f"{url}/health/ready", timeout=NET)).status_code == 200:
+        while (response := plainhttp.get(f"{url}/health/ready", timeout=NET)).status_code == 200:
             # the bound, plus a heartbeat's period and a poll
             assert time.monotonic() - stopped < HEARTBEAT_BOUND_S + 3.0, "still ready"
             time.sleep(0.1)
@@ -144,7 +144,7 @@ def test_a_frozen_worker_is_not_ready_within_the_bound_and_ready_again_after(url
     finally:
         os.kill(pid, signal.SIGCONT)
     continued = time.monotonic()
-    while (response := httpx.get(f"{url}/health/ready", timeout=NET)).status_code != 200:
+    while (response := plainhttp.get(f"{url}/health/ready", timeout=NET)).status_code != 200:
         assert time.monotonic() - continued < 5.0, response.text
         time.sleep(0.1)
     assert response.json()["status"] == "ok"

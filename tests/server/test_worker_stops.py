@@ -17,9 +17,9 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+import plainhttp
 import races
 from serving import serve_default_model
 from tokenbelt.engines import ABORT_ENV
@@ -34,7 +34,7 @@ SEA = [{"role": "user", "content": "Tell me about the sea."}]
 
 
 def _record(url: str, request_id: str) -> dict[str, object] | None:
-    response = httpx.get(f"{url}/v1/requests/{request_id}", timeout=NET)
+    response = plainhttp.get(f"{url}/v1/requests/{request_id}", timeout=NET)
     if response.status_code == 404:
         return None
     body: dict[str, object] = response.json()
@@ -71,7 +71,7 @@ def _reset_during_decode(url: str, name: str, request_id: str) -> None:
 
 
 def _restarts(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=NET).text
+    text = plainhttp.get(f"{url}/metrics", timeout=NET).text
     (line,) = [x for x in text.splitlines() if x.startswith("tokenbelt_worker_restarts_total")]
     return float(line.rsplit(" ", 1)[1])
 
@@ -82,11 +82,11 @@ def test_non_streamed_resets_in_long_steps_never_kill_the_worker(
     monkeypatch.setenv(ABORT_ENV, "slow_stop")
     extra = ("--slots", "2", "--stop-grace", str(GRACE_S), "--keep-alive", "0")
     with serve_default_model(tmp_path, 90.0, extra) as url:
-        (name,) = httpx.get(f"{url}/health", timeout=NET).json()["models"]
+        (name,) = plainhttp.get(f"{url}/health", timeout=NET).json()["models"]
 
         def stream() -> None:
             body = {"model": name, "messages": SEA, "max_tokens": 1500, "stream": True}
-            with httpx.stream(
+            with plainhttp.stream(
                 "POST", f"{url}/v1/chat/completions", json=body, timeout=NET
             ) as response:
                 for _line in response.iter_lines():

@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Page, expect
+
+import plainhttp
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -34,7 +35,7 @@ LONG_PROMPT = (
 
 def _trace(server_url: str, request_id: str) -> Any:
     """The server's own record of one request."""
-    response = httpx.get(f"{server_url}/v1/requests/{request_id}", timeout=10.0)
+    response = plainhttp.get(f"{server_url}/v1/requests/{request_id}", timeout=10.0)
     response.raise_for_status()
     return response.json()
 

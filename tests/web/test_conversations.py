@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+import plainhttp
 from browsing import open_chat_page
 from tokenbelt._defaults import DEFAULT_MAX_TOKENS
 
@@ -208,7 +208,7 @@ def test_regenerate_edit_and_copy(laptop: Page, server_url: str) -> None:
     assert [t["role"] for t in turns] == ["user", "assistant"]
     assert turns[0]["content"] == "Say goodbye."
     assert turns[1]["requestId"] == third
-    trace = httpx.get(f"{server_url}/v1/requests/{third}", timeout=10).json()
+    trace = plainhttp.get(f"{server_url}/v1/requests/{third}", timeout=10).json()
     assert trace["end_reason"] in ("stop", "length")
 
 
@@ -253,7 +253,7 @@ def test_invalid_settings_are_refused_in_the_form(
 
 
 def test_the_form_uses_the_servers_limits_and_default(laptop: Page, server_url: str) -> None:
-    schema = httpx.get(f"{server_url}/openapi.json", timeout=10).json()
+    schema = plainhttp.get(f"{server_url}/openapi.json", timeout=10).json()
     fields = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
 
     def bounds(name: str) -> dict[str, Any]:
@@ -337,7 +337,7 @@ def test_the_request_panel_shows_this_page_unless_asked_for_all(
     laptop: Page, server_url: str
 ) -> None:
     page = laptop
-    other = httpx.post(
+    other = plainhttp.post(
         f"{server_url}/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
         timeout=30,
@@ -388,7 +388,7 @@ def test_stop_still_records_user_cancel(sized_page: Page, server_url: str) -> No
     reply = page.get_by_test_id("reply").last
     expect(reply).to_have_attribute("data-end-reason", "user_cancel")
     request_id = reply.get_attribute("data-request-id")
-    trace = httpx.get(f"{server_url}/v1/requests/{request_id}", timeout=10).json()
+    trace = plainhttp.get(f"{server_url}/v1/requests/{request_id}", timeout=10).json()
     assert trace["end_reason"] == "user_cancel"
     assert trace["timeline_ms"]["released"] is not None
 
@@ -474,7 +474,7 @@ def test_the_request_panel_says_which_requests_ran_together(laptop: Page, server
     body = {"messages": [{"role": "user", "content": "Tell me about the sea."}]}
 
     def ask(_: int) -> str:
-        answer = httpx.post(
+        answer = plainhttp.post(
             f"{server_url}/v1/chat/completions",
             json={**body, "max_tokens": 24, "temperature": 0},
             timeout=60,
@@ -483,7 +483,7 @@ def test_the_request_panel_says_which_requests_ran_together(laptop: Page, server
 
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(ask, range(2))
-    record = httpx.get(f"{server_url}/v1/requests/{first}", timeout=10).json()
+    record = plainhttp.get(f"{server_url}/v1/requests/{first}", timeout=10).json()
     assert second in record["batched_with"]
     _open_panel(page, "recent-panel")
     page.check("#all-requests")

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+import plainhttp
 from browsing import open_chat_page
 from serving import serve_default_model
 
@@ -40,7 +40,7 @@ def logged_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 
 
 def _metric(url: str, name: str, reason: str | None = None) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = plainhttp.get(f"{url}/metrics", timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and (reason is None or f'end_reason="{reason}"' in line):
@@ -77,7 +77,7 @@ def test_twenty_stops_are_each_user_cancel_everywhere(
     assert len(set(ids)) == STOPS
     records: dict[str, Any] = {}
     for request_id in ids:
-        record = httpx.get(f"{url}/v1/requests/{request_id}", timeout=10).json()
+        record = plainhttp.get(f"{url}/v1/requests/{request_id}", timeout=10).json()
         records[request_id] = record
         assert record["end_reason"] == "user_cancel", record
         assert record["timeline_ms"]["released"] is not None

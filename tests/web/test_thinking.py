@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+import plainhttp
 from browsing import open_chat_page
 from serving import serve_default_model
 
@@ -50,7 +50,7 @@ def test_thinking_streams_collapsed_and_stop_ends_it_there(
     page.click("#stop")
     expect(reply).to_have_attribute("data-end-reason", "user_cancel", timeout=15_000)
     request_id = reply.get_attribute("data-request-id")
-    record = httpx.get(f"{thinking_url}/v1/requests/{request_id}", timeout=10).json()
+    record = plainhttp.get(f"{thinking_url}/v1/requests/{request_id}", timeout=10).json()
     assert record["end_reason"] == "user_cancel"
     assert record["reasoning"]["phase"] == "reasoning"
     assert record["timeline_ms"]["released"] is not None

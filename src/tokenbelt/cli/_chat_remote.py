@@ -101,7 +101,8 @@ class RemoteTurn:
         self.response.close()
 
     def _send_cancel(self) -> None:
-        """``POST /v1/requests/{id}/cancel`` once, on a connection of its own.
+        """``POST /v1/requests/{id}/cancel`` once, on a connection of its own (the
+        backend's cancel client).
 
         Its own connection because it may run inside a signal handler, while the main
         client is in the middle of reading the stream.
@@ -109,9 +110,8 @@ class RemoteTurn:
         if self.request_id is None or self._cancel_sent:
             return
         self._cancel_sent = True
-        url = f"{self.backend.base_url}/v1/requests/{self.request_id}/cancel"
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(url, headers=self.backend.headers, timeout=5.0)
+            self.backend.cancel_client.post(f"/v1/requests/{self.request_id}/cancel")
 
     def cancel(self) -> None:
         # First the cancel call, so that the server records user_cancel; only then hang
@@ -173,6 +173,9 @@ class RemoteBackend:
         self.client = httpx.Client(
             base_url=self.base_url, headers=self.headers, timeout=httpx.Timeout(10.0, read=None)
         )
+        # The cancel call's own pool, made now: a client made at Stop first loads the CA
+        # bundle into a new SSL context (~65 ms here) before it sends a byte.
+        self.cancel_client = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=5.0)
         self.model = model
         self.sampling = {k: v for k, v in sampling.items() if v is not None}
         self.messages: list[dict[str, str]] = []
@@ -269,3 +272,4 @@ class RemoteBackend:
 
     def close(self) -> None:
         self.client.close()
+        self.cancel_client.close()

@@ -8,8 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
-
+import plainhttp
 from server.conftest import NET, Served, ServeFactory, scripted_runtime
 from tokenbelt import Runtime, ScriptedEngine, Upstream
 
@@ -45,7 +44,7 @@ def front(
 
 def upstream_trace(served: Served, request_id: str) -> dict[str, Any]:
     """The upstream's own record of a request (its trace API)."""
-    answer = httpx.get(f"{served.url}/v1/requests/{request_id}", timeout=NET)
+    answer = plainhttp.get(f"{served.url}/v1/requests/{request_id}", timeout=NET)
     assert answer.status_code == 200, answer.text
     trace: dict[str, Any] = answer.json()
     return trace

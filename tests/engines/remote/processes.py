@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import plainhttp
 from serving import free_port
 
 HERE = Path(__file__).parent
@@ -35,7 +36,7 @@ class Process:
             if self.process.poll() is not None:
                 pytest.fail(f"{self.command} exited:\n{self.log.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + self.ready, timeout=2.0).status_code == 200:
+                if plainhttp.get(self.url + self.ready, timeout=2.0).status_code == 200:
                     return self
             if time.monotonic() > deadline:
                 pytest.fail(f"{self.command} not ready after {timeout} s:\n{self.log.read_text()}")

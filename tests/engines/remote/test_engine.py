@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import pytest
 
+import plainhttp
 from engines.remote.helpers import front, silent_server, upstream, upstream_trace
 from server.conftest import (
     CHAT,
@@ -47,14 +47,14 @@ def test_stream_and_json_through_the_front(serve: ServeFactory) -> None:
     up = upstream(serve, ScriptedEngine(words(6), delay=0.0))
     fr = front(serve, up)
     body = chat_body(stream=True, stream_options={"include_usage": True})
-    with httpx.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
+    with plainhttp.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
         events = collect(response.iter_lines())
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2])
     assert text == "".join(words(6))
     usage = events[-2]["usage"]
     assert usage["completion_tokens"] == 6
     assert events[-3]["tokenbelt"]["end_reason"] == "stop"
-    answer = httpx.post(fr.url + CHAT, json=chat_body(), timeout=NET).json()
+    answer = plainhttp.post(fr.url + CHAT, json=chat_body(), timeout=NET).json()
     assert answer["choices"][0]["message"]["content"] == "".join(words(6))
     assert answer["choices"][0]["finish_reason"] == "stop"
     trace = answer["tokenbelt"]["trace"]
@@ -69,7 +69,7 @@ def _front_and_upstream_stop(fr_url: str, up_url: str, request_id: str, reason: 
     """Both sides record the stop; the upstream released within the bound of the front's."""
     deadline = time.monotonic() + NET
     while True:
-        front_trace = httpx.get(f"{fr_url}/v1/requests/{request_id}", timeout=NET).json()
+        front_trace = plainhttp.get(f"{fr_url}/v1/requests/{request_id}", timeout=NET).json()
         if front_trace["timeline_ms"]["released"] is not None:
             break
         assert time.monotonic() < deadline
@@ -82,7 +82,7 @@ def _front_and_upstream_stop(fr_url: str, up_url: str, request_id: str, reason: 
     stop_at = front_trace["enqueued_at"] + front_trace["timeline_ms"]["cancel_requested"] / 1000
     released_at = up["enqueued_at"] + up["timeline_ms"]["released"] / 1000
     assert released_at - stop_at < UPSTREAM_RELEASE_S, (front_trace, up)
-    assert up == httpx.get(f"{up_url}/v1/requests/{request_id}", timeout=NET).json()
+    assert up == plainhttp.get(f"{up_url}/v1/requests/{request_id}", timeout=NET).json()
 
 
 def test_disconnect_at_the_front_stops_the_upstream(serve: ServeFactory) -> None:
@@ -100,11 +100,11 @@ def test_disconnect_at_the_front_stops_the_upstream(serve: ServeFactory) -> None
 def test_cancel_endpoint_at_the_front_is_a_user_cancel_upstream(serve: ServeFactory) -> None:
     up = upstream(serve, slow())
     fr = front(serve, up)
-    with httpx.stream("POST", fr.url + CHAT, json=chat_body(stream=True), timeout=NET) as r:
+    with plainhttp.stream("POST", fr.url + CHAT, json=chat_body(stream=True), timeout=NET) as r:
         request_id = r.headers["x-request-id"]
         lines = r.iter_lines()
         next(line for line in lines if "w1" in line)
-        cancel = httpx.post(f"{fr.url}/v1/requests/{request_id}/cancel", timeout=NET)
+        cancel = plainhttp.post(f"{fr.url}/v1/requests/{request_id}/cancel", timeout=NET)
         assert cancel.json()["cancelled"] is True
         events = collect(lines)
     assert events[-2]["tokenbelt"]["end_reason"] == "user_cancel"
@@ -126,7 +126,7 @@ def test_deadlines_at_the_front_stop_the_upstream(
     up = upstream(serve, engine)
     fr = front(serve, up)
     body = chat_body(stream=True, tokenbelt=limits)
-    with httpx.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
+    with plainhttp.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
         request_id = response.headers["x-request-id"]
         events = collect(response.iter_lines())
     assert events[-2]["tokenbelt"]["end_reason"] == reason
@@ -153,12 +153,12 @@ def test_a_non_streaming_client_that_leaves_stops_the_upstream(serve: ServeFacto
 def test_upstream_errors_are_clear(serve: ServeFactory) -> None:
     up = upstream(serve, ScriptedEngine(words(3), delay=0.0))
     fr = front(serve, up, model="no-such-model", health_interval=None)
-    answer = httpx.post(fr.url + CHAT, json=chat_body(), timeout=NET)
+    answer = plainhttp.post(fr.url + CHAT, json=chat_body(), timeout=NET)
     # The upstream's 404 passes through, with its message.
     assert answer.status_code == 404
     assert "no-such-model" in answer.json()["error"]["message"]
     # A stream has sent its 200 already: its final chunk carries the upstream's error.
-    with httpx.stream("POST", fr.url + CHAT, json=chat_body(stream=True), timeout=NET) as r:
+    with plainhttp.stream("POST", fr.url + CHAT, json=chat_body(stream=True), timeout=NET) as r:
         events = collect(r.iter_lines())
     error = events[-2]["error"]
     assert error["code"] == "upstream_404"
@@ -166,7 +166,7 @@ def test_upstream_errors_are_clear(serve: ServeFactory) -> None:
     assert events[-2]["tokenbelt"]["end_reason"] == "runtime_error"
     failing = upstream(serve, ScriptedEngine(words(3), delay=0.0, fail_after=1))
     fr2 = front(serve, failing, health_interval=None)
-    answer = httpx.post(fr2.url + CHAT, json=chat_body(), timeout=NET)
+    answer = plainhttp.post(fr2.url + CHAT, json=chat_body(), timeout=NET)
     assert answer.status_code == 502
     assert "scripted failure" in answer.json()["error"]["message"]
 
@@ -228,7 +228,7 @@ def test_two_upstreams_share_the_load(serve: ServeFactory) -> None:
     done = []
 
     def one() -> None:
-        answer = httpx.post(fr.url + CHAT, json=chat_body(), timeout=NET)
+        answer = plainhttp.post(fr.url + CHAT, json=chat_body(), timeout=NET)
         done.append(answer.status_code)
 
     threads = [threading.Thread(target=one) for _ in range(4)]

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+import plainhttp
 from engines.remote.processes import Process, front_process, running, scripted_upstream
 from server.conftest import CHAT, NET, RawClient, chat_body, collect
 from serving import free_port
@@ -19,7 +19,7 @@ from tokenbelt.models import default_model_path
 
 
 def _requests_at(url: str) -> list[dict[str, object]]:
-    data: list[dict[str, object]] = httpx.get(f"{url}/v1/requests", timeout=NET).json()["data"]
+    data: list[dict[str, object]] = plainhttp.get(f"{url}/v1/requests", timeout=NET).json()["data"]
     return data
 
 
@@ -71,10 +71,10 @@ def test_serve_upstream_front_process(tmp_path: Path) -> None:
     up = scripted_upstream(tmp_path)
     fr = front_process(tmp_path, up.url)
     with running(up, fr):
-        models = httpx.get(f"{fr.url}/v1/models", timeout=NET).json()["data"]
+        models = plainhttp.get(f"{fr.url}/v1/models", timeout=NET).json()["data"]
         assert [m["id"] for m in models if m["tokenbelt"]["loaded"]] == ["scripted"]
         body = chat_body(max_tokens=5)
-        answer = httpx.post(fr.url + CHAT, json=body, timeout=NET).json()
+        answer = plainhttp.post(fr.url + CHAT, json=body, timeout=NET).json()
         assert answer["choices"][0]["message"]["content"] == " w0 w1 w2 w3 w4"
         # A client that leaves the front: the upstream process records the disconnect.
         with RawClient(fr.url) as client:
@@ -84,13 +84,13 @@ def test_serve_upstream_front_process(tmp_path: Path) -> None:
             client.read_until(b" w3")
         deadline = time.monotonic() + NET
         while True:
-            trace = httpx.get(f"{up.url}/v1/requests/{request_id}", timeout=NET).json()
+            trace = plainhttp.get(f"{up.url}/v1/requests/{request_id}", timeout=NET).json()
             if trace.get("timeline_ms", {}).get("released") is not None:
                 break
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert trace["end_reason"] == "client_disconnect"
-        metrics = httpx.get(f"{fr.url}/metrics", timeout=NET).text
+        metrics = plainhttp.get(f"{fr.url}/metrics", timeout=NET).text
         assert f'tokenbelt_upstream_requests_total{{model="scripted",upstream="{up.url}"}}' in (
             metrics
         )
@@ -128,11 +128,11 @@ def test_models_add_remote_and_load(tmp_path: Path) -> None:
         with running(served):
             # Up before the model: `serve` registers it in the background.
             deadline = time.monotonic() + NET
-            while httpx.get(f"{served.url}/health", timeout=NET).json()["status"] != "ok":
+            while plainhttp.get(f"{served.url}/health", timeout=NET).json()["status"] != "ok":
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             body = chat_body(max_tokens=3)
-            answer = httpx.post(served.url + CHAT, json=body, timeout=NET).json()
+            answer = plainhttp.post(served.url + CHAT, json=body, timeout=NET).json()
             assert answer["model"] == "far"
             assert answer["choices"][0]["message"]["content"] == " w0 w1 w2"
 
@@ -204,12 +204,12 @@ def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None
         with running(fr):
             body = chat_body("Say hi", stream=True, max_tokens=8)
             body["model"] = "smol"
-            with httpx.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
+            with plainhttp.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
                 events = collect(response.iter_lines())
             assert events[-1] == "[DONE]"
             reason = events[-2]["tokenbelt"]["end_reason"]
             assert reason in ("stop", "length"), json.dumps(events[-2])
-            answer = httpx.post(fr.url + CHAT, json={**body, "stream": False}, timeout=NET)
+            answer = plainhttp.post(fr.url + CHAT, json={**body, "stream": False}, timeout=NET)
             assert answer.status_code == 200, answer.text
             # A client that leaves the front two pieces into a long answer: the upstream
             # (one request at a time here) starts the next request without finishing it.
@@ -219,7 +219,7 @@ def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None
                 client.read_head()
                 client.read_until(b'"content"')
             started = time.monotonic()
-            answer = httpx.post(fr.url + CHAT, json={**body, "stream": False}, timeout=NET)
+            answer = plainhttp.post(fr.url + CHAT, json={**body, "stream": False}, timeout=NET)
             assert answer.status_code == 200, answer.text
             trace = answer.json()["tokenbelt"]["trace"]
             assert trace["time_to_first_token_ms"] is not None
@@ -248,7 +248,7 @@ def test_sigterm_to_a_front_ends_its_streams_and_closes_the_upstream_connection(
         # The front closed its upstream connection: the upstream saw its client leave.
         deadline = time.monotonic() + NET
         while True:
-            trace = httpx.get(f"{up.url}/v1/requests/{request_id}", timeout=NET).json()
+            trace = plainhttp.get(f"{up.url}/v1/requests/{request_id}", timeout=NET).json()
             if trace.get("timeline_ms", {}).get("released") is not None:
                 break
             assert time.monotonic() < deadline, trace
