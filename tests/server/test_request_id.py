@@ -3,6 +3,11 @@ upstream, a non-streaming client cancels by it), and an id on every answer."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
+
 import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
 from tokenbelt.server import ServerSettings
@@ -100,4 +105,29 @@ def test_a_non_streaming_client_cancels_by_its_own_id(serve: ServeFactory) -> No
         assert cancel.json()["cancelled"] is True
         status, headers = client.read_head()
     assert (status, headers["x-request-id"]) == (200, "job-42")
+    served.assert_released(trace, EndReason.USER_CANCEL)
+
+
+def test_a_cancel_before_the_stream_is_handed_over_still_stops_it(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The submit runs on a thread: the request is enqueued and decoding before the event
+    # loop hands its stream to the server state. A cancel in that window once answered
+    # "not cancelled" and the request ran on. Here the handover comes 0.3 s late.
+    served = serve(scripted_runtime(StallingEngine([" a", " b"])))
+    state = served.app.state.tokenbelt
+    track = state.track
+
+    def late(stream: Any) -> None:
+        asyncio.get_running_loop().call_later(0.3, track, stream)
+
+    monkeypatch.setattr(state, "track", late)
+    with RawClient(served.url) as client:
+        client.send(CHAT, chat_body(), headers={"x-request-id": "job-43"})
+        trace = served.recorder.by_id("job-43")
+        served.recorder.wait(trace, "first_token")
+        assert state.active("job-43") is None  # not handed over yet
+        cancel = plainhttp.post(f"{served.url}/v1/requests/job-43/cancel", timeout=NET)
+        assert cancel.json()["cancelled"] is True
+        client.read_head()
     served.assert_released(trace, EndReason.USER_CANCEL)

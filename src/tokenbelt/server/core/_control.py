@@ -10,6 +10,7 @@ settings change only under ``/v1/admin`` (the admin key, or a server without key
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import anyio
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..._errors import IllegalState
 from ...belt import EndReason
+from ...runtime import Stream
 from ._errors import UnsupportedParameter, error_response, note_refusal
 from ._middleware import CALLER
 from ._path import Serving
@@ -79,10 +81,29 @@ def _not_found(request_id: str) -> JSONResponse:
     )
 
 
+#: how long a cancel waits for a request that is submitted but not yet handed to the state
+HANDOVER_WAIT_S = 2.0
+
+
+async def _running(path: Serving, request_id: str) -> Stream | None:
+    """The running stream of ``request_id``. One submitted a moment ago is waited for: its
+    trace is enqueued (and it may be decoding) on the submit's thread before the event
+    loop hands the stream to the state, and a cancel in between answered "not cancelled"
+    while the request ran on."""
+    caller = CALLER.get()
+    waited = time.monotonic() + HANDOVER_WAIT_S
+    while (stream := path.state.active(request_id, caller)) is None:
+        trace = path.state.trace(request_id, caller)
+        if trace is None or trace.released is not None or time.monotonic() > waited:
+            return None
+        await anyio.sleep(0.001)
+    return stream
+
+
 @router.post("/v1/requests/{request_id}/cancel", summary="Stop a request (end reason user_cancel)")
 async def cancel(request_id: str, path: Serving) -> JSONResponse:
     # With API keys, a request made with another key answers as an unknown one.
-    stream = path.state.active(request_id, CALLER.get())
+    stream = await _running(path, request_id)
     if stream is None:
         trace = path.state.trace(request_id, CALLER.get())
         if trace is None:
