@@ -50,7 +50,7 @@ def test_stream_and_json_through_the_front(serve: ServeFactory) -> None:
     with plainhttp.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
         events = collect(response.iter_lines())
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2])
-    assert text == "".join(words(6))
+    assert text == "".join(words(6)), events
     usage = events[-2]["usage"]
     assert usage["completion_tokens"] == 6
     assert events[-3]["tokenbelt"]["end_reason"] == "stop"
