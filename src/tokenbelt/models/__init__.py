@@ -4,12 +4,12 @@ The runtime's entry point is ``resolve_and_fetch(alias)``: it returns a verified
 file (``ResolvedModel``) or raises; a corrupt or truncated file is never returned.
 """
 
+from ..engines import GGUFHeader, read_header
 from ._cache import ModelCache
 from ._catalog import DEVICES, NAME_PATTERN, Catalog, ModelEntry, Variant
 from ._device import DeviceInfo, detect_device
 from ._download import DownloadResult, DownloadTimeouts, download
 from ._embedded import default_model_path, distribution_file
-from ._gguf import GGUFHeader, read_header
 from ._home import Home
 from ._hub import HF_SCHEME, hub_uri, is_hub_name, pull_from_hub
 from ._probe import ProbeReport, run_probe

@@ -18,8 +18,8 @@ from typing import Any
 import filelock
 
 from .._errors import InvalidArgument, ModelError
+from ..engines import parameter_size, read_header
 from ._catalog import DEVICES, NAME_PATTERN, Catalog, ModelEntry, Variant, read_user_catalog_json
-from ._gguf import parameter_size, read_header
 from ._home import Home
 from ._integrity import sha256_file, write_stamp
 from ._sources import PathSource

@@ -12,6 +12,7 @@ from ._embed import (
     input_tokens,
     pair_tokens,
 )
+from ._gguf import GGUFHeader, parameter_size, read_header
 from ._grammar import (
     CALL_ARGUMENTS,
     CALL_PREFIX,
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_EMBED_TOKENS",
     "TOOL_FORMATS",
     "BatchEngine",
+    "GGUFHeader",
     "GrammarCacheInfo",
     "GrammarSampler",
     "KeptPrompts",
@@ -82,8 +84,10 @@ __all__ = [
     "load_with_deadline",
     "model_params",
     "pair_tokens",
+    "parameter_size",
     "prompt_tokens",
     "quiet_native_logs",
+    "read_header",
     "schema_cache_info",
     "schema_grammar",
     "template_options",

@@ -41,6 +41,7 @@ from ..._errors import DecodeError, InvalidArgument, ModelLoadError
 from ...belt import EndReason, Producer
 from .._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest
 from ._binding import flag_abort_callback
+from ._gguf import read_header
 from ._threads import embed_kind
 
 logger = logging.getLogger("tokenbelt.engines.embed")
@@ -102,16 +103,16 @@ def check_pooling(pooling: str | None, path: str | Path | None = None) -> str | 
         raise InvalidArgument(
             f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}", param="pooling"
         )
-    if pooling == "rank" and path is not None:
-        from gguf import GGUFReader
-
-        names = {t.name for t in GGUFReader(str(path)).tensors}
-        if not names & _CLASSIFIER:
-            raise InvalidArgument(
-                f"pooling rank: {Path(path).name} has no classification head (cls.weight or "
-                "cls.output.weight), so its scores would mean nothing; it is no reranker",
-                param="pooling",
-            )
+    if (
+        pooling == "rank"
+        and path is not None
+        and not _CLASSIFIER.intersection(read_header(Path(path)).tensor_names)
+    ):
+        raise InvalidArgument(
+            f"pooling rank: {Path(path).name} has no classification head (cls.weight or "
+            "cls.output.weight), so its scores would mean nothing; it is no reranker",
+            param="pooling",
+        )
     return pooling
 
 

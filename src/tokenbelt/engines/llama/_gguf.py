@@ -1,9 +1,10 @@
-"""A GGUF file's header, read without its arrays: the metadata keys tokenbelt shows and the
-parameter count (the sum of the tensors' element counts).
+"""A GGUF file's header, read without its arrays: the metadata keys tokenbelt shows, the
+tensors' names and the parameter count (the sum of the tensors' element counts).
 
 ``gguf.GGUFReader`` decodes every metadata array, the vocabulary and merges among them,
 into Python objects: seconds for a small model, before any answer that reads a header
-(Ollama's ``/api/tags`` on a fresh server). Here a scalar is read where it lies and an
+(Ollama's ``/api/tags`` on a fresh server, the classification-head check of a
+reranker's load). Here a scalar is read where it lies and an
 array is stepped over; the tensors' shapes come after the metadata. The format is
 llama.cpp's ``docs/gguf.md`` (versions 2 and 3, little-endian).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import ModelError
+from ..._errors import ModelError
 
 # value types -> struct format of one scalar (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
@@ -27,9 +28,11 @@ _U64 = struct.Struct("<Q")
 
 @dataclass
 class GGUFHeader:
-    """The scalar and string metadata of a GGUF file, and its parameter count."""
+    """The scalar and string metadata of a GGUF file, its tensors' names and its
+    parameter count."""
 
     metadata: dict[str, Any] = field(default_factory=dict)
+    tensor_names: list[str] = field(default_factory=list)
     parameter_count: int = 0
 
 
@@ -103,7 +106,7 @@ def _parse(data: mmap.mmap, path: Path) -> GGUFHeader:
             if value is not None:
                 header.metadata[key] = value
         for _ in range(tensors):
-            cursor.skip_strings()
+            header.tensor_names.append(cursor.string())
             dims = cursor.unpack("<I")
             count = 1
             for _ in range(dims):
