@@ -12,15 +12,21 @@ scaffolding they all repeated:
   ``key: value`` line each) and :func:`targets_line` (``targets: all met`` or which
   missed);
 - :func:`percentile`: the nearest-rank-from-below percentile several scripts report;
-- :func:`text_times`: when each text chunk of a streamed ``/v1/completions`` arrived.
+- :func:`text_times`: when each text chunk of a streamed ``/v1/completions`` arrived;
+- :func:`free_port` and :func:`server_process`: a server in a process of its own on
+  127.0.0.1 (``tokenbelt serve``, llama.cpp's ``llama-server``), ready once ``/health``
+  says ``ok``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import socket
+import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 
@@ -87,3 +93,37 @@ def text_times(lines: Iterable[str]) -> list[float]:
         if choices and choices[0].get("text"):
             times.append(time.perf_counter())
     return times
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def server_process(command: list[str], port: int, timeout: float = 120.0) -> Iterator[str]:
+    """Run a server process until the block ends; yields its URL once ``/health`` is ok."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+                if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{' '.join(command)} did not start")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -9,7 +9,12 @@ in the same run, with the same inputs (short sentences of a few tokens each):
   ``llama_get_embeddings_seq`` per input and an L2 normalisation. It runs at each
   thread count of ``--threads`` in every round, and the round's fastest is its baseline;
 - **sdk**: ``model.embed(texts)`` (queueing, tokenising, the engine's packing, the belt);
-- **http**: ``POST /v1/embeddings`` to a real uvicorn on 127.0.0.1 (JSON floats).
+- **http**: ``POST /v1/embeddings`` to a real uvicorn on 127.0.0.1 (JSON floats);
+- **peer** (with ``--llama-server PATH`` or ``TOKENBELT_LLAMA_SERVER``): the same request
+  to llama.cpp's own ``llama-server --embeddings --pooling mean`` (built at the same
+  llama.cpp commit by ``benchmarks/build_llama_server.sh``) in a process of its own, with
+  ``--peer-slots`` slots of 512 tokens and every core's thread; ``http_over_peer`` is
+  tokenbelt's HTTP inputs/s over it (no target: the issue asks for the figure).
 
 For 1, 32 and 512 inputs (``--sizes``) each side reports inputs/s and tokens/s (the
 median over ``--rounds`` runs; a timed run of a small size repeats its request until
@@ -31,17 +36,19 @@ On a machine whose cores are shared with other work, every figure here swings; t
 them on a quiet one.
 
 Run: ``.venv/bin/python benchmarks/embeddings.py [--sizes 1,32,512] [--rounds N]
-[--threads 1,2,4] [--batch N] [--chat-tokens N] [--json]``.
+[--threads 1,2,4] [--batch N] [--chat-tokens N] [--llama-server PATH] [--json]``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -81,6 +88,8 @@ class Bare:
         cparams.kv_unified = True
         cparams.embeddings = True
         cparams.pooling_type = 1  # mean
+        # Off, as the engine has it: on, a short input embeds ~17% sooner here, but its vector
+        # changes with what it is packed beside (by up to 1.5e-3 a component).
         cparams.flash_attn_type = 0
         cparams.n_threads = cparams.n_threads_batch = threads
         self.ctx = _internals.LlamaContext(model=model, params=cparams, verbose=True)
@@ -140,6 +149,23 @@ def serving(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(NET)
         sock.close()
+
+
+def peer_server(binary: str, threads: int, args: Any) -> contextlib.AbstractContextManager[str]:
+    """llama.cpp's ``llama-server`` embedding the default model by mean, as tokenbelt does."""
+    port = _harness.free_port()
+    slots = args.peer_slots
+    command = [binary, "-m", str(default_model_path()), "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--embeddings", "--pooling", "mean", "--no-webui"]
+    command += ["-np", str(slots), "-c", str(512 * slots), "-b", "512", "-ub", "512"]
+    command += ["-t", str(threads), "-tb", str(threads)]
+    return _harness.server_process(command, port, NET)
+
+
+def embed_over_http(client: httpx.Client, model: str, texts: list[str]) -> None:
+    answer = client.post("/v1/embeddings", json={"model": model, "input": texts})
+    answer.raise_for_status()
+    assert len(answer.json()["data"]) == len(texts)
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -210,6 +236,12 @@ def main() -> None:
     p.add_argument("--threads", default=None, help="bare thread counts (default: 1..cores)")
     p.add_argument("--batch", type=int, default=256, help="inputs of the interfering batch")
     p.add_argument("--chat-tokens", type=int, default=48, help="tokens per chat stream")
+    p.add_argument(
+        "--llama-server",
+        default=os.environ.get("TOKENBELT_LLAMA_SERVER"),
+        help="llama.cpp's llama-server binary, measured as the peer",
+    )
+    p.add_argument("--peer-slots", type=int, default=8, help="the peer's slots")
     args = _harness.parse(p)
     sizes = [int(s) for s in args.sizes.split(",")]
     cores = usable_cores()
@@ -226,7 +258,13 @@ def main() -> None:
         info = engine.embedding_info()
         result["pooling"] = f"{info.pooling} ({info.pooling_source})"
         app = create_app(runtime, ServerSettings(), close_runtime=False)
-        with serving(app) as url, httpx.Client(base_url=url, timeout=NET) as client:
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(serving(app))
+            client = stack.enter_context(httpx.Client(base_url=url, timeout=NET))
+            peer = None
+            if args.llama_server:
+                peer_url = stack.enter_context(peer_server(args.llama_server, cores, args))
+                peer = stack.enter_context(httpx.Client(base_url=peer_url, timeout=NET))
             for n in sizes:
                 texts = sentences(n)
                 repeat = max(1, args.min_inputs // n)
@@ -237,16 +275,14 @@ def main() -> None:
                 # that moment; one count chosen once kept a weak baseline on a busy day).
                 bares = {t: Bare(engine._model, info.max_tokens, t) for t in counts}
                 try:
-
-                    def http(t: list[str] = texts) -> None:
-                        r = client.post("/v1/embeddings", json={"model": model.name, "input": t})
-                        r.raise_for_status()
-
                     sides: dict[str, Callable[[], object]] = {
                         f"bare@{threads}": lambda b=b, t=tokens: b.embed(t)
                         for threads, b in bares.items()
                     }
+                    http = partial(embed_over_http, client, model.name, texts)
                     sides |= {"sdk": lambda t=texts: model.embed(t), "http": http}
+                    if peer is not None:
+                        sides["peer"] = partial(embed_over_http, peer, "peer", texts)
                     runs = paired({k: repeated(f, repeat) for k, f in sides.items()}, args.rounds)
                 finally:
                     for b in bares.values():
@@ -256,13 +292,18 @@ def main() -> None:
                 # The best count's own runs: a per-round minimum over counts would be
                 # the best of several noisy samples against the SDK's one.
                 runs["bare"] = runs[f"bare@{best}"]
-                seconds = {side: statistics.median(runs[side]) for side in ("bare", "sdk", "http")}
+                measured = ("bare", "sdk", "http") + (("peer",) if peer is not None else ())
+                seconds = {side: statistics.median(runs[side]) for side in measured}
                 ratios = {
                     side: statistics.median(
                         b / x for b, x in zip(runs["bare"], runs[side], strict=True)
                     )
                     for side in ("sdk", "http")
                 }
+                if peer is not None:
+                    ratios["http_over_peer"] = statistics.median(
+                        p / h for p, h in zip(runs["peer"], runs["http"], strict=True)
+                    )
                 result["sizes"][n] = {
                     "tokens": n_tokens,
                     "bare_threads": best,
@@ -271,7 +312,10 @@ def main() -> None:
                         for side, s in seconds.items()
                         for unit, count in (("inputs", n), ("tokens", n_tokens))
                     },
-                    **{f"{side}_ratio": round(r, 3) for side, r in ratios.items()},
+                    **{
+                        (name if name.endswith("peer") else f"{name}_ratio"): round(r, 3)
+                        for name, r in ratios.items()
+                    },
                 }
         alone = chat_rate(model, args.chat_tokens, None)
         batch = sentences(args.batch)
@@ -297,7 +341,9 @@ def main() -> None:
 def _table(r: dict[str, Any], ok: dict[str, bool]) -> None:
     print(f"embeddings on the default model, pooling {r['pooling']}, {r['cores']} cores")
     print()
+    peer = any("peer_inputs_s" in s for s in r["sizes"].values())
     head = ["inputs", "tokens", "bare in/s", "sdk in/s", "http in/s", "sdk/bare", "http/bare"]
+    head += ["peer in/s", "http/peer"] if peer else []
     print("  ".join(f"{h:>10}" for h in head))
     for n, s in r["sizes"].items():
         row = [
@@ -309,6 +355,7 @@ def _table(r: dict[str, Any], ok: dict[str, bool]) -> None:
             s["sdk_ratio"],
             s["http_ratio"],
         ]
+        row += [s["peer_inputs_s"], s["http_over_peer"]] if peer else []
         print("  ".join(f"{v:>10}" for v in row))
     print()
     print(

@@ -24,12 +24,9 @@ Run: ``.venv/bin/python benchmarks/remote.py [--json] [--trials N] [--tokens N]
 from __future__ import annotations
 
 import contextlib
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -48,33 +45,6 @@ READ_BEFORE_LEAVING = 4
 NET = 120.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def serving(command: list[str], port: int) -> Iterator[str]:
-    """Run a server process until the block ends; yields its URL once ``/health`` is ok."""
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + NET
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{' '.join(command)} did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
 def own_upstream(threads: int | None) -> contextlib.AbstractContextManager[str]:
     """``tokenbelt serve`` of the embedded model, one slot, in a process of its own.
 
@@ -82,20 +52,20 @@ def own_upstream(threads: int | None) -> contextlib.AbstractContextManager[str]:
     one to the front and the client, whose work would otherwise stall the decode steps
     of the upstream (a CPU upstream shares the machine; a GPU one does not).
     """
-    port = _free_port()
+    port = _harness.free_port()
     command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
     command += ["--port", str(port), "--slots", "1", "--log-level", "warning"]
     if threads:
         command += ["--threads", str(threads), "--threads-batch", str(threads)]
-    return serving(command, port)
+    return _harness.server_process(command, port, NET)
 
 
 def front(upstream: str) -> contextlib.AbstractContextManager[str]:
     """``tokenbelt serve --upstream``, in a process of its own as it is deployed."""
-    port = _free_port()
+    port = _harness.free_port()
     command = [sys.executable, "-m", "tokenbelt", "serve", "--upstream", upstream]
     command += ["--port", str(port), "--upstream-concurrency", "1", "--log-level", "warning"]
-    return serving(command, port)
+    return _harness.server_process(command, port, NET)
 
 
 def _body(model: str, tokens: int) -> dict[str, Any]:
