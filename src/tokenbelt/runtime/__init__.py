@@ -3,6 +3,7 @@
 from ..engines import sampling_from
 from ..models import DEFAULT_ALIAS
 from . import _structured as structured
+from ._calls import Tool, ToolCall
 from ._embed import Embeddings, EmbeddingStream, Ranked, Ranking
 from ._memory import MemoryBudget, MemoryUse, default_budget, estimate
 from ._model import Model, ModelState
@@ -11,7 +12,6 @@ from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._status import ModelStatus
 from ._stream import Reply, Stream, Usage
-from ._structured import Tool, ToolCall
 
 __all__ = [
     "DEFAULT_ALIAS",

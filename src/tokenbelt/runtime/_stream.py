@@ -10,7 +10,8 @@ from typing import Any, Generic, Self, TypeVar
 from .._errors import EndOfStream, IllegalState
 from ..belt import Belt, BeltStatistics, EndReason, Trace
 from ..engines import Piece, TokenLogprob
-from ._structured import Structure, ToolCall
+from ._calls import ToolCall
+from ._structured import Structure
 
 #: how long ``read()`` waits, after the last piece, for the engine to let go of the request
 RELEASE_WAIT_S = 5.0

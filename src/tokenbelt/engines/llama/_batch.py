@@ -365,7 +365,6 @@ class BatchEngine:
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> None:
         import llama_cpp
-        from llama_cpp import _internals
 
         path = check_gguf_file(model_path)
         check_pooling(pooling, path)
@@ -407,6 +406,58 @@ class BatchEngine:
             else None
         )
         self.n_seq_max = self.slots + self.cache_entries
+        self._open(path, n_ctx, n_gpu_layers, force_n_ctx, kv_type, flash_attn)
+        self._read_model(reasoning)
+        self._init_loop_state()
+        #: where the prefix cache outlives the engine (None: it does not)
+        self._store: PrefixStore | None = None
+        if prefix_cache_dir is not None and prefix_cache_disk > 0 and self.cache_entries:
+            try:
+                key = model_key(llama_cpp, self._model.model, path, kv_type)
+            except OSError as exc:
+                logger.warning("%s: the prefix cache stays in memory: %s", self.name, exc)
+            else:
+                self._store = PrefixStore(Path(prefix_cache_dir), prefix_cache_disk, key)
+        self._restored = (0, 0)  # entries, tokens
+        self._saved = (0, 0)  # entries, bytes
+        self._loop_failed = False
+        # Embeddings: a second context on these weights, made at the first request.
+        self._embedder = Embedder(
+            self._model,
+            embedding_info(self._model, pooling, n_ctx),
+            n_threads=self.n_threads_batch,
+            tuner=self._tuner,
+            lock=self._cond,
+            wake=self._room,
+            ended=self._embed_ended,
+        )
+        # Thinking deadlines fire here whether or not the loop is in a step, as a
+        # runtime's request deadlines do (its thread starts with the engine).
+        self._deadlines = DeadlineTimer(name=f"tokenbelt-thinking-{self.name}")
+        self._thread = threading.Thread(
+            target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
+        )
+        self._warmed = threading.Event()
+        self._watcher = threading.Thread(
+            target=self._watch_stops, name=f"tokenbelt-stopwatch-{self.name}", daemon=True
+        )
+        self._thread.start()
+        self._watcher.start()
+        self._warmed.wait()
+
+    def _open(
+        self,
+        path: Path,
+        n_ctx: int,
+        n_gpu_layers: int,
+        force_n_ctx: bool,
+        kv_type: str,
+        flash_attn: str,
+    ) -> None:
+        """Load the weights (``self._model``) and make the decode context (``self._ctx``)."""
+        llama_cpp = self._lib
+        from llama_cpp import _internals
+
         try:
             mparams = model_params()
             mparams.n_gpu_layers = n_gpu_layers
@@ -448,6 +499,11 @@ class BatchEngine:
             raise
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {path}: {exc}") from exc
+
+    def _read_model(self, reasoning: bool) -> None:
+        """What the loop reads of the loaded model: vocabulary, template, tool format,
+        reasoning markers; the batch, and the native abort hook on the context."""
+        llama_cpp = self._lib
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model.model))
         self._vocab = self._model.vocab
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -475,6 +531,9 @@ class BatchEngine:
         llama_cpp.llama_set_abort_callback(
             self._ctx.ctx, self._abort_callback, ctypes.cast(self._flag, ctypes.c_void_p)
         )
+
+    def _init_loop_state(self) -> None:
+        """The loop's locks, queues, sequences and counters, before its thread starts."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         # The stop watch's own condition: a notify for the loop never wakes it instead.
@@ -511,41 +570,6 @@ class BatchEngine:
         self._drop_cache = False
         self._tokenized = KeptPrompts()
         self._eog: list[int] | None = None
-        #: where the prefix cache outlives the engine (None: it does not)
-        self._store: PrefixStore | None = None
-        if prefix_cache_dir is not None and prefix_cache_disk > 0 and self.cache_entries:
-            try:
-                key = model_key(llama_cpp, self._model.model, path, kv_type)
-            except OSError as exc:
-                logger.warning("%s: the prefix cache stays in memory: %s", self.name, exc)
-            else:
-                self._store = PrefixStore(Path(prefix_cache_dir), prefix_cache_disk, key)
-        self._restored = (0, 0)  # entries, tokens
-        self._saved = (0, 0)  # entries, bytes
-        self._loop_failed = False
-        # Embeddings: a second context on these weights, made at the first request.
-        self._embedder = Embedder(
-            self._model,
-            embedding_info(self._model, pooling, n_ctx),
-            n_threads=self.n_threads_batch,
-            tuner=self._tuner,
-            lock=self._cond,
-            wake=self._room,
-            ended=self._embed_ended,
-        )
-        # Thinking deadlines fire here whether or not the loop is in a step, as a
-        # runtime's request deadlines do (its thread starts with the engine).
-        self._deadlines = DeadlineTimer(name=f"tokenbelt-thinking-{self.name}")
-        self._thread = threading.Thread(
-            target=self._run, name=f"tokenbelt-batch-{self.name}", daemon=True
-        )
-        self._warmed = threading.Event()
-        self._watcher = threading.Thread(
-            target=self._watch_stops, name=f"tokenbelt-stopwatch-{self.name}", daemon=True
-        )
-        self._thread.start()
-        self._watcher.start()
-        self._warmed.wait()
 
     def _warm_up(self) -> None:
         """One throwaway step at load, as llama.cpp's own server does: the weights are

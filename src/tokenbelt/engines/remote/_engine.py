@@ -31,7 +31,7 @@ Each request is one task that
 Memory per request is bounded by ``capacity`` pieces on the belt, aiohttp's read
 buffer (it stops reading the socket at twice ``READ_BUFFER_BYTES``), one unfinished
 event line (at most ``MAX_EVENT_BYTES``) and the socket's receive buffer
-(``RECEIVE_BUFFER_BYTES``, which the kernel doubles): about 520 KiB plus the pieces,
+(``_session.RECEIVE_BUFFER_BYTES``, which the kernel doubles): about 520 KiB plus the pieces,
 whatever the upstream does.
 """
 
@@ -41,28 +41,21 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._errors import Cancelled, InvalidArgument, UpstreamError, UpstreamUnavailable
 from ...belt import EndReason, Producer
 from .._base import OnExit, check_can_start, run_to_end
 from .._request import GenerationRequest, refuse, refuse_grammar
 from .._statistics import EngineStatistics, UpstreamStatistics
+from ._session import new_loop, open_session, wake_threadsafe
 from ._upstreams import UpstreamPool, UpstreamState
-from ._wire import (
-    READ_BUFFER_BYTES,
-    error_message,
-    estimate_tokens,
-    event_data,
-    raise_for_status,
-    request_body,
-)
+from ._wire import error_message, estimate_tokens, event_data, raise_for_status, request_body
 
 # aiohttp takes a fifth of a second to import: it is imported where it is first used, so a
 # process that never speaks to an upstream (a worker, a CLI command, a local serve)
@@ -72,49 +65,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tokenbelt.engines.remote")
 
-#: SO_RCVBUF of every upstream connection: how much TCP buffers before it pushes back
-RECEIVE_BUFFER_BYTES = 64 * 1024
 #: how long the engine waits for a tokenbelt upstream's cancel answer and release
 UPSTREAM_RELEASE_WAIT_S = 1.0
 _FINISH = {"stop": EndReason.STOP, "length": EndReason.LENGTH}
-
-
-def _wake_threadsafe(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
-    """Set ``event`` from any thread (a belt's room callback runs on the reader's)."""
-    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-        loop.call_soon_threadsafe(event.set)
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where it exists, as uvicorn uses it: every token crosses this loop
-    (a cross-thread wake-up measured 22 us against asyncio's 28 us here)."""
-    try:
-        import uvloop
-    except ImportError:  # Windows
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-def _upstream_socket(addr_info: tuple[Any, ...]) -> socket.socket:
-    """A socket whose small receive buffer makes TCP push back on a paused stream soon."""
-    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
-    return sock
-
-
-async def _open_session(connect_timeout: float) -> aiohttp.ClientSession:
-    """The engine's session, made on its loop (aiohttp binds a session to one)."""
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=0, socket_factory=_upstream_socket)
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout),
-        headers={"accept-encoding": "identity"},
-        read_bufsize=READ_BUFFER_BYTES,
-        auto_decompress=False,
-    )
 
 
 @dataclass(eq=False)
@@ -164,7 +117,7 @@ class RemoteEngine:
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._loop = _new_loop()
+        self._loop = new_loop()
         self._health: asyncio.Task[None] | None = None
         #: health-check rounds that failed (logged; the next round ran)
         self.health_failures = 0
@@ -173,7 +126,7 @@ class RemoteEngine:
         )
         self._thread.start()
         self._session = asyncio.run_coroutine_threadsafe(
-            _open_session(connect_timeout), self._loop
+            open_session(connect_timeout), self._loop
         ).result()
         if health_interval is not None:
             asyncio.run_coroutine_threadsafe(self._start_health(health_interval), self._loop)
@@ -474,7 +427,7 @@ class RemoteEngine:
         while not producer.has_room():
             producer.checkpoint()
             woken = asyncio.Event()
-            if producer.on_room(partial(_wake_threadsafe, loop, woken)):
+            if producer.on_room(partial(wake_threadsafe, loop, woken)):
                 await woken.wait()
 
     async def _relay(

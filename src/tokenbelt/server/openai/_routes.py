@@ -327,11 +327,8 @@ async def _events(
             "index": c.index,
             "finish_reason": finish_reason(reason, plans[c.index]),
             **logprobs(c),
+            **({"delta": {}} if chat else {"text": ""}),
         }
-        if chat:
-            last["delta"] = {}
-        else:
-            last["text"] = ""
         extras(c, last)
         final: dict[str, Any] = envelope({"choices": [last], "tokenbelt": _final([c], plans)})
         if c.failed is not None:
