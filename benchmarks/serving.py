@@ -42,9 +42,7 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -60,12 +58,6 @@ from tokenbelt.models import default_model_path
 SIDES = ("process", "thread", "llama-server")
 #: words for prompts of a chosen length
 WORDS = ("the", "sea", "is", "wide", "and", "deep", "blue", "under", "a", "grey", "sky")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server: str) -> list[str]:
@@ -86,32 +78,12 @@ def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server:
 @contextlib.contextmanager
 def serving(command: list[str], port: int) -> Iterator[tuple[str, str]]:
     """A server process, ready: (its URL, the model name it lists)."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{command[0]} exited with {process.returncode}")
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
-                answer = httpx.get(url + "/v1/models", timeout=1)
-                if answer.status_code == 200:
-                    name = str(answer.json()["data"][0]["id"])
-                    # the model may list before it loaded: one token proves it is ready
-                    body = {"model": name, "prompt": "hi", "max_tokens": 1}
-                    if httpx.post(url + "/v1/completions", json=body, timeout=60).is_success:
-                        yield url, name
-                        return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{command[0]} did not become ready")
-            time.sleep(0.2)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with _harness.server_process(command, port) as url:
+        name = str(httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"])
+        # /health may say ok before the model answers: one token proves it is ready
+        body = {"model": name, "prompt": "hi", "max_tokens": 1}
+        httpx.post(url + "/v1/completions", json=body, timeout=60).raise_for_status()
+        yield url, name
 
 
 def _end_tokens() -> dict[str, float]:
@@ -238,7 +210,7 @@ async def _leave(url: str, name: str, bias: dict[str, float]) -> dict[str, float
 
 
 def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[str, float]:
-    port = _free_port()
+    port = _harness.free_port()
     out: dict[str, float] = {}
     with serving(_command(side, port, args.slots, args.n_ctx, args.threads, server), port) as (
         url,
@@ -249,7 +221,7 @@ def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[
                 out[f"{key}_{n}"] = value
         out.update(asyncio.run(_mixed(url, name, args.tokens, bias)))
     if args.leave:
-        port = _free_port()
+        port = _harness.free_port()
         with serving(_command(side, port, 1, args.n_ctx, args.threads, server), port) as (
             url,
             name,
