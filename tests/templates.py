@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from tokenbelt.engines import read_header
+
 LLAMA3_TEMPLATE = """\
 {%- if messages[0].role == 'system' %}{% set system = messages[0].content %}\
 {% else %}{% set system = '' %}{% endif %}
@@ -86,53 +88,22 @@ THINKING_TEMPLATE = """\
 {% endif %}{% endif %}"""
 
 
-#: bytes of each fixed-size GGUF value type (8 is a string, 9 an array)
-_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _past_value(raw: bytes, pos: int, kind: int) -> int:
-    """The offset just past a GGUF value of type ``kind`` that starts at ``pos``."""
-    if kind == 8:
-        return pos + 8 + struct.unpack_from("<Q", raw, pos)[0]
-    if kind != 9:
-        return pos + _SIZES[kind]
-    item, count = struct.unpack_from("<IQ", raw, pos)
-    pos += 12
-    if item in _SIZES:
-        return pos + _SIZES[item] * count
-    for _ in range(count):
-        pos = _past_value(raw, pos, item)
-    return pos
-
-
 def with_template(source: Path, target: Path, template: str) -> None:
     """Copy a GGUF file with its ``tokenizer.chat_template`` value replaced.
 
-    The header is stepped over with ``struct`` (the gguf package's reader decodes every
-    vocabulary entry into an array: seconds a copy, for three offsets); the tensor data
-    is copied as it is, after the header padded to the file's alignment.
+    Where the value lies and where the tensor infos end come from tokenbelt's own header
+    reader (the gguf package's decodes every vocabulary entry: seconds a copy); the tensor
+    data is copied as it is, after the header padded to the file's alignment.
     """
-    raw = source.read_bytes()
-    tensors, kvs = struct.unpack_from("<QQ", raw, 8)
+    header = read_header(source)
     key = b"tokenizer.chat_template"
-    pos, span, alignment = 24, None, 32
-    for _ in range(kvs):
-        start = pos
-        size = struct.unpack_from("<Q", raw, pos)[0]
-        name = raw[pos + 8 : pos + 8 + size]
-        kind = struct.unpack_from("<I", raw, pos + 8 + size)[0]
-        pos = _past_value(raw, pos + 12 + size, kind)
-        if name == key:
-            span = (start, pos)
-        elif name == b"general.alignment":
-            alignment = struct.unpack_from("<I", raw, pos - 4)[0]
-    for _ in range(tensors):
-        pos += 8 + struct.unpack_from("<Q", raw, pos)[0]
-        dims = struct.unpack_from("<I", raw, pos)[0]
-        pos += 4 + 8 * dims + 4 + 8
+    span = header.spans.get(key.decode())
     assert span is not None, f"{source} has no {key.decode()}"
+    alignment = int(header.metadata.get("general.alignment", 32))
+    pos = header.infos_end
+    raw = source.read_bytes()
     value = template.encode("utf-8")
     kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
-    header = raw[: span[0]] + kv + raw[span[1] : pos]
-    header += b"\0" * (-len(header) % alignment)
-    target.write_bytes(header + raw[pos + (-pos % alignment) :])
+    head = raw[: span[0]] + kv + raw[span[1] : pos]
+    head += b"\0" * (-len(head) % alignment)
+    target.write_bytes(head + raw[pos + (-pos % alignment) :])

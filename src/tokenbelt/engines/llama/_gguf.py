@@ -29,11 +29,16 @@ _U64 = struct.Struct("<Q")
 @dataclass
 class GGUFHeader:
     """The scalar and string metadata of a GGUF file, its tensors' names and its
-    parameter count."""
+    parameter count; where each metadata entry lies, and where the tensor infos end
+    (the tensor data starts at the next multiple of ``general.alignment``, 32 if unset)."""
 
     metadata: dict[str, Any] = field(default_factory=dict)
     tensor_names: list[str] = field(default_factory=list)
     parameter_count: int = 0
+    #: key -> (offset of the entry, offset just past its value), arrays included
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the offset just past the last tensor info
+    infos_end: int = 0
 
 
 class _Cursor:
@@ -101,8 +106,10 @@ def _parse(data: mmap.mmap, path: Path) -> GGUFHeader:
         tensors, keys = cursor.unpack("<Q"), cursor.unpack("<Q")
         header = GGUFHeader()
         for _ in range(keys):
+            start = cursor.at
             key = cursor.string()
             value = cursor.value(cursor.unpack("<I"))
+            header.spans[key] = (start, cursor.at)
             if value is not None:
                 header.metadata[key] = value
         for _ in range(tensors):
@@ -113,6 +120,7 @@ def _parse(data: mmap.mmap, path: Path) -> GGUFHeader:
                 count *= cursor.unpack("<Q")
             cursor.at += 4 + 8  # the tensor's type and offset
             header.parameter_count += count
+        header.infos_end = cursor.at
     except (struct.error, ValueError, IndexError) as exc:
         raise ModelError(f"{path} has a damaged GGUF header: {exc}") from exc
     return header
