@@ -49,14 +49,10 @@ from ..engines import (
     functions_grammar,
     schema_grammar,
 )
-from ._calls import FORMATS as FORMATS
-from ._calls import TOOL_CLOSE as TOOL_CLOSE
-from ._calls import TOOL_OPEN as TOOL_OPEN
-from ._calls import CallFormat as CallFormat
+from ._calls import TOOL_CLOSE, TOOL_OPEN, call_format
+from ._calls import CallFormat as CallFormat  # reached as ``structured.CallFormat``
 from ._calls import Tool as Tool
 from ._calls import ToolCall as ToolCall
-from ._calls import call_format as call_format
-from ._calls import new_call_id as new_call_id
 from ._validation import SchemaCheck as SchemaCheck  # reached as ``structured.SchemaCheck``
 from ._validation import check_reply as check_reply
 
