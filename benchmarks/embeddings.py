@@ -300,10 +300,6 @@ def main() -> None:
                     )
                     for side in ("sdk", "http")
                 }
-                if peer is not None:
-                    ratios["http_over_peer"] = statistics.median(
-                        p / h for p, h in zip(runs["peer"], runs["http"], strict=True)
-                    )
                 result["sizes"][n] = {
                     "tokens": n_tokens,
                     "bare_threads": best,
@@ -312,11 +308,13 @@ def main() -> None:
                         for side, s in seconds.items()
                         for unit, count in (("inputs", n), ("tokens", n_tokens))
                     },
-                    **{
-                        (name if name.endswith("peer") else f"{name}_ratio"): round(r, 3)
-                        for name, r in ratios.items()
-                    },
+                    **{f"{side}_ratio": round(r, 3) for side, r in ratios.items()},
                 }
+                if peer is not None:
+                    over_peer = statistics.median(
+                        p / h for p, h in zip(runs["peer"], runs["http"], strict=True)
+                    )
+                    result["sizes"][n]["http_over_peer"] = round(over_peer, 3)
         alone = chat_rate(model, args.chat_tokens, None)
         batch = sentences(args.batch)
         beside = chat_rate(model, args.chat_tokens, lambda: model.embed(batch))
