@@ -103,9 +103,9 @@ def test_a_timer_that_fires_after_its_keep_alive_was_changed_unloads_nothing() -
     run finds it is no longer the model's and leaves the model loaded."""
     with Runtime(keep_alive=300.0) as rt:
         model = rt.add_engines("scripted", lambda: [ScriptedEngine(["x"], delay=0)])
-        old = model._idle_timer
+        old = model._keep.timer
         assert old is not None
         model.set_keep_alive(None)  # cancels the old timer: too late if it already fired
-        model._idle_expired(old)  # the old timer's thread, running anyway
+        model._keep.expired(old)  # the old timer's thread, running anyway
         assert model.state is ModelState.READY
         assert model.unloaded_because is None

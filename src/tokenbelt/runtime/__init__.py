@@ -6,11 +6,11 @@ from . import _structured as structured
 from ._calls import Tool, ToolCall
 from ._embed import Embeddings, EmbeddingStream, Ranked, Ranking
 from ._memory import MemoryBudget, MemoryUse, default_budget, estimate
-from ._model import Model, ModelState
+from ._model import Model
 from ._runtime import Runtime, check_n_ctx
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
-from ._status import ModelStatus
+from ._status import ModelState, ModelStatus
 from ._stream import Reply, Stream, Usage
 
 __all__ = [

@@ -10,12 +10,12 @@ as each engine step finishes them, or ``read()``/``aread()`` them all; ``cancel(
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import Cancelled, EndOfStream, IllegalState, InvalidArgument
-from ..belt import Belt, EndReason, Trace
+from ..belt import Belt, EndReason, Limits, Trace
 from ..engines import Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
 from ._stream import OnBelt, Usage
 
@@ -248,3 +248,149 @@ def ranking(stream: Embeddings, documents: Sequence[str], top_n: int | None) -> 
     if top_n is not None:
         order = order[:top_n]
     return [Ranked(i, scores[i], documents[i]) for i in order]
+
+
+def _check_top_n(top_n: int | None) -> None:
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise InvalidArgument(f"top_n must be a positive integer, got {top_n!r}", param="top_n")
+
+
+_T = TypeVar("_T")
+
+
+class EmbeddingCalls:
+    """The embedding and rerank surface of ``Model``, over the two ways the model uses
+    its loaded engine: ``_on_engine`` (use it now, queueing nothing) and ``_queue``
+    (queue a request through the admission queue, as a chat request is queued)."""
+
+    name: str
+
+    def _on_engine(self, use: Callable[[Any], _T]) -> _T:
+        raise NotImplementedError
+
+    def _queue(
+        self,
+        prepare: Callable[[Any], tuple[Any, int]],
+        open_stream: Callable[[Any, Belt[Any]], _T],
+        limits: Limits | None,
+        capacity: int | None,
+        request_id: str | None,
+    ) -> _T:
+        raise NotImplementedError
+
+    def embedding_info(self) -> EmbeddingInfo:
+        """The model's ``EmbeddingInfo`` (dimension, pooling, input limit), loading it if
+        it was unloaded for being idle; ``InvalidArgument`` for a model without."""
+        return self._on_engine(lambda engine: self._embedder(engine).embedding_info())
+
+    def _embedder(self, engine: Any) -> Embeds:
+        if not isinstance(engine, Embeds):
+            raise InvalidArgument(
+                f"model {self.name} does not serve embeddings (its engine, {engine.name}, "
+                "has none)",
+                param="model",
+            )
+        return engine
+
+    def _submit_embedding(
+        self,
+        make: Callable[[Embeds], EmbeddingRequest],
+        kind: str,
+        limits: Limits | None,
+        request_id: str | None,
+    ) -> EmbeddingStream:
+        """Tokenize with ``make`` on the loaded engine, then queue as a chat request."""
+
+        def prepare(engine: Any) -> tuple[EmbeddingRequest, int]:
+            request = make(self._embedder(engine))
+            return request, engine.count_prompt_tokens(request)
+
+        def open_stream(request: EmbeddingRequest, belt: Belt[Any]) -> EmbeddingStream:
+            belt.trace.kind = kind
+            belt.trace.inputs = len(request.inputs)
+            return EmbeddingStream(belt, len(request.inputs))
+
+        return self._queue(prepare, open_stream, limits, None, request_id)
+
+    def embeddings(
+        self,
+        texts: Sequence[TextOrTokens] | str,
+        *,
+        truncate: bool = False,
+        normalize: bool = True,
+        limits: Limits | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingStream:
+        """Queue an embedding request and return its ``EmbeddingStream`` at once.
+
+        ``texts`` is one string or a list (of strings, or of token-id lists). Each input
+        may hold ``embedding_info().max_tokens`` tokens: longer ones are cut with
+        ``truncate``, else ``InvalidArgument`` names the input. The request takes a
+        slot and a place in the admission queue like a chat request (``QueueFull``),
+        its deadlines count from now (``first_token``: the first vectors), and a stop
+        ends it between ubatches. ``normalize``: unit-length vectors.
+        """
+        items = [texts] if isinstance(texts, str) else texts
+
+        def make(engine: Embeds) -> EmbeddingRequest:
+            return prepare_inputs(engine, items, truncate=truncate, normalize=normalize)
+
+        return self._submit_embedding(make, "embed", limits, request_id)
+
+    def embed(self, texts: Sequence[TextOrTokens] | str, **options: Any) -> Embeddings:
+        """Blocking ``embeddings(...).read()``: every vector, with usage and trace.
+
+        Raises ``Cancelled`` when the request ended before its last vector (a stop, a
+        deadline); a ``KeyboardInterrupt`` while waiting cancels it."""
+        return self.embeddings(texts, **options).read()
+
+    async def aembed(self, texts: Sequence[TextOrTokens] | str, **options: Any) -> Embeddings:
+        """Async ``embed``: the queueing runs off the event loop, a cancelled task stops
+        the request."""
+        import asyncio
+
+        stream = await asyncio.to_thread(self.embeddings, texts, **options)
+        return await stream.aread()
+
+    def reranking(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = False,
+        limits: Limits | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingStream:
+        """Queue a rerank of ``documents`` against ``query`` (one pair per document) and
+        return its stream of score rows. ``InvalidArgument`` for a model whose pooling
+        is not ``rank``: an embedding or chat model gives no relevance scores."""
+
+        def make(engine: Embeds) -> EmbeddingRequest:
+            return prepare_pairs(engine, query, documents, truncate=truncate)
+
+        return self._submit_embedding(make, "rerank", limits, request_id)
+
+    def rerank(
+        self, query: str, documents: Sequence[str], *, top_n: int | None = None, **options: Any
+    ) -> Ranking:
+        """Blocking rerank: the documents best first (``top_n`` of them), with usage and
+        trace; ``Cancelled`` when it ended early."""
+        _check_top_n(top_n)
+        stream = self.reranking(query, documents, **options)
+        done = stream.read()
+        return Ranking(
+            tuple(ranking(done, documents, top_n)), done.usage, done.trace, done.end_reason
+        )
+
+    async def arerank(
+        self, query: str, documents: Sequence[str], *, top_n: int | None = None, **options: Any
+    ) -> Ranking:
+        """Async ``rerank``; a cancelled task stops the request."""
+        import asyncio
+
+        _check_top_n(top_n)
+        stream = await asyncio.to_thread(self.reranking, query, documents, **options)
+        done = await stream.aread()
+        return Ranking(
+            tuple(ranking(done, documents, top_n)), done.usage, done.trace, done.end_reason
+        )

@@ -147,7 +147,9 @@ class Evictable(Protocol):
     name: str
     pinned: bool
     last_used: float
-    keep_alive: float | None
+
+    @property
+    def keep_alive(self) -> float | None: ...
 
     def memory(self) -> MemoryUse | None: ...  # None: not loaded
 

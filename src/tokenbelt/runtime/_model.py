@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE
 from .._errors import IllegalState, InvalidArgument, ModelLoading, OverBudget, RuntimeClosed
@@ -18,50 +17,25 @@ from ..belt import (
     Observer,
     Trace,
     check_capacity,
-    check_keep_alive,
     new_request_id,
 )
-from ..engines import EmbeddingRequest, Embeds, Engine, GenerationRequest, Message, sampling_from
-from ._embed import (
-    Embeddings,
-    EmbeddingStream,
-    Ranking,
-    TextOrTokens,
-    prepare_inputs,
-    prepare_pairs,
-    ranking,
-)
+from ..engines import Engine, GenerationRequest
+from ._embed import EmbeddingCalls
+from ._keepalive import KeepAlive, RequestKeepAlive
 from ._memory import MemoryUse
 from ._scheduler import Scheduler, SchedulerStatistics
-from ._session import ChatSession
-from ._status import ModelStatus
-from ._stream import Reply, Stream
-from ._structured import Structure, render_messages, structure, tools_json
+from ._session import ChatCalls, ChatSession
+from ._status import ModelState, ModelStatus
+from ._stream import Stream
+from ._structured import Structure
 
 logger = logging.getLogger("tokenbelt.runtime")
 
+_T = TypeVar("_T")
+_S = TypeVar("_S")
 
-class ModelState(enum.Enum):
-    """Where a model is in its life."""
-
-    #: the engines are being created (weights loading)
-    LOADING = "loading"
-    #: serving requests
-    READY = "ready"
-    #: not loaded: not yet (registered to load on its first request), or unloaded after
-    #: its keep-alive or to make room for another model (``unloaded_because`` says
-    #: which); the next request loads it
-    IDLE_UNLOADED = "idle_unloaded"
-    #: closed for good: every request was released and the memory returned
-    CLOSED = "closed"
-
-
-_TRANSITIONS = {
-    ModelState.LOADING: {ModelState.READY, ModelState.CLOSED},
-    ModelState.READY: {ModelState.IDLE_UNLOADED, ModelState.CLOSED},
-    ModelState.IDLE_UNLOADED: {ModelState.LOADING, ModelState.CLOSED},
-    ModelState.CLOSED: set(),
-}
+#: what a model of a catalog ``kind`` other than chat is, and what it serves instead
+_NOT_CHAT = {"embedding": ("an embedding model", "embeddings"), "rerank": ("a reranker", "rerank")}
 
 
 def _load_wait(limits: Limits) -> float | None:
@@ -70,12 +44,7 @@ def _load_wait(limits: Limits) -> float | None:
     return min(given) if given else None
 
 
-def _check_top_n(top_n: int | None) -> None:
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise InvalidArgument(f"top_n must be a positive integer, got {top_n!r}", param="top_n")
-
-
-class Model:
+class Model(ChatCalls, EmbeddingCalls):
     """One model with ``slots`` engines and a bounded admission queue.
 
     Created by ``Runtime.load()``. ``submit`` never blocks on generation: it
@@ -102,12 +71,6 @@ class Model:
         self.capacity = check_capacity(capacity)
         self.queue_size = check_capacity(queue_size, name="queue_size")
         self.limits = limits or Limits()
-        # A pinned model is kept loaded: no idle unload either.
-        self.keep_alive = None if pinned else check_keep_alive(keep_alive)
-        # The keep-alive of the next idle unload: the latest request's own (Ollama's
-        # ``keep_alive``), else ``keep_alive``. Each submit sets it, so one request's
-        # value never outlives the next request's.
-        self._idle_after: float | None = self.keep_alive
         #: False for engines given ready-made: closed, they cannot be made again
         self.reloadable = reloadable
         #: kept loaded: never evicted for another model, never unloaded for being idle
@@ -127,7 +90,16 @@ class Model:
         self._changed = threading.Condition(self._lock)
         self._state = ModelState.LOADING
         self._scheduler: Scheduler | None = None
-        self._idle_timer: threading.Timer | None = None
+        # A pinned model is kept loaded: no idle unload either.
+        self._keep = KeepAlive(
+            name,
+            keep_alive,
+            pinned=pinned,
+            reloadable=reloadable,
+            lock=self._lock,
+            ready=lambda: self._state is ModelState.READY,
+            expire=lambda timer: self._unload_if_idle(timer=timer),
+        )
         #: submits between their load check and the scheduler: the idle unload waits
         self._submitting = 0
         #: set by ``drain()``: new requests are refused (the model is shutting down)
@@ -161,7 +133,7 @@ class Model:
         return self._state
 
     def _set_state(self, new: ModelState) -> None:
-        if new not in _TRANSITIONS[self._state]:
+        if not self._state.allows(new):
             raise IllegalState(
                 f"model {self.name}: cannot go from {self._state.value} to {new.value}"
             )
@@ -234,28 +206,20 @@ class Model:
         return self._scheduler.statistics()
 
     @property
+    def keep_alive(self) -> float | None:
+        """Seconds the model stays loaded after its last request (None: for ever), for
+        every request that gives no keep-alive of its own."""
+        return self._keep.default
+
+    @property
     def idle_keep_alive(self) -> float | None:
         """Seconds the model stays loaded once idle: the latest request's own keep-alive
         if it gave one (``submit(keep_alive=...)``), else ``keep_alive`` (None: for ever)."""
-        return self._idle_after
+        return self._keep.next_idle
 
     def _arm_idle(self) -> None:
         self.last_used = time.monotonic()
-        seconds = self._idle_after
-        if seconds is None:
-            return
-        with self._lock:
-            if self._state is not ModelState.READY:
-                # close() cancels the running requests, and the last one to finish calls
-                # us: a timer armed now would outlive the closed model by keep_alive.
-                return
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-            timer = threading.Timer(seconds, lambda: self._idle_expired(timer))
-            timer.daemon = True
-            timer.name = f"tokenbelt-keepalive-{self.name}"
-            self._idle_timer = timer
-            timer.start()
+        self._keep.arm()
 
     def set_keep_alive(self, seconds: float | None) -> None:
         """Keep the model loaded ``seconds`` after its last request (``None``: for ever):
@@ -276,46 +240,15 @@ class Model:
         self._keep_for(seconds, default=False)
 
     def _keep_for(self, seconds: float | None, *, default: bool) -> None:
-        seconds = check_keep_alive(seconds)
-        if self.pinned and not default:
-            self._check_pinned_keep_alive(seconds)
-            return  # a pinned model stays loaded longer than any request's keep-alive
-        if seconds is not None and not self.reloadable:
-            raise IllegalState(
-                f"model {self.name} cannot be unloaded: its engines were given ready-made "
-                "and could not be made again"
-            )
         with self._lock:
-            if default:
-                self.keep_alive = seconds
-            self._idle_after = seconds
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-                self._idle_timer = None
+            now = self._keep.change(seconds, default=default)
             stats = self._scheduler.statistics() if self._scheduler else None
             idle = stats is not None and not stats.running and not stats.queued
-        if not idle or seconds is None:
+        if now is False or now is None or not idle:
             return
-        if seconds == 0:
+        if now == 0:
             self._unload_if_idle()
         else:
-            self._arm_idle()
-
-    def _check_pinned_keep_alive(self, seconds: float | None) -> None:
-        if seconds == 0:
-            raise InvalidArgument(
-                f"model {self.name} is pinned (--pin): keep_alive 0 cannot unload it",
-                param="keep_alive",
-            )
-
-    def _idle_expired(self, timer: threading.Timer) -> None:
-        """The keep-alive timer's thread: unload if idle, unless the timer was replaced or
-        cancelled meanwhile (a keep-alive changed as it fired). A failure is logged and
-        the timer armed again, so the model is never left without one, silently."""
-        try:
-            self._unload_if_idle(timer=timer)
-        except Exception:
-            logger.exception("the keep-alive timer of %s failed; armed again", self.name)
             self._arm_idle()
 
     def _unload_if_idle(
@@ -325,7 +258,7 @@ class Model:
         does (or the model is not loaded, or ``timer`` is no longer the keep-alive's).
         Blocks while the engines close."""
         with self._lock:
-            if timer is not None and self._idle_timer is not timer:
+            if timer is not None and self._keep.timer is not timer:
                 return False
             sched = self._scheduler
             if self._state is not ModelState.READY or sched is None:
@@ -336,7 +269,7 @@ class Model:
             self._set_state(ModelState.IDLE_UNLOADED)
             self._scheduler = None
             if why is None:
-                seconds = self._idle_after
+                seconds = self._keep.next_idle
                 why = "keep_alive 0" if not seconds else f"idle for its keep-alive ({seconds:g} s)"
             self.unloaded_because = why
         logger.info("unloading %s: %s", self.name, why)
@@ -371,7 +304,7 @@ class Model:
     def status(self) -> ModelStatus:
         """A snapshot of where the model stands (``ModelStatus``)."""
         stats = self.statistics()
-        keep = self._idle_after
+        keep = self._keep.next_idle
         loaded_idle = self._state is ModelState.READY and not self.busy()
         expires = (
             max(0.0, self.last_used + keep - time.monotonic())
@@ -455,9 +388,7 @@ class Model:
             self._draining = True
             self._changed.notify_all()
             sched = self._scheduler
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-                self._idle_timer = None
+            self._keep.cancel()
         if sched is not None:
             sched.drain()
 
@@ -474,9 +405,7 @@ class Model:
             self._state = ModelState.CLOSED
             self._changed.notify_all()
             sched, self._scheduler = self._scheduler, None
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-                self._idle_timer = None
+            self._keep.cancel()
         if sched is not None:
             sched.close(timeout)
             for engine in sched.engines:
@@ -495,7 +424,7 @@ class Model:
         request_id: str | None = None,
         on_complete: Callable[[Stream], None] | None = None,
         structure: Structure | None = None,
-        keep_alive: float | Literal["default"] | None = "default",
+        keep_alive: RequestKeepAlive = "default",
     ) -> Stream:
         """Queue ``request`` and return its ``Stream`` at once.
 
@@ -512,36 +441,36 @@ class Model:
         """
         kind = self.info.get("kind", "chat")
         if kind != "chat":
-            what, use = (
-                ("an embedding model", "embeddings")
-                if kind == "embedding"
-                else (
-                    "a reranker",
-                    "rerank",
-                )
-            )
+            what, use = _NOT_CHAT.get(kind, ("a reranker", "rerank"))
             raise InvalidArgument(
                 f"model {self.name} is {what}: it does not generate text (use {use})",
                 param="model",
             )
+        self._keep.for_request(keep_alive)
+        return self._queue(
+            lambda engine: (request, engine.count_prompt_tokens(request)),
+            lambda _, belt: Stream(belt, on_complete=on_complete, structure=structure),
+            limits,
+            capacity,
+            request_id,
+        )
+
+    def _queue(
+        self,
+        prepare: Callable[[Engine], tuple[Any, int]],
+        open_stream: Callable[[Any, Belt[Any]], _S],
+        limits: Limits | None,
+        capacity: int | None,
+        request_id: str | None,
+    ) -> _S:
+        """Queue the request ``prepare(engine)`` makes (with its prompt token count) on
+        the loaded model, and return the caller's stream of it, ``open_stream``'s."""
         lim = limits or self.limits
-        if keep_alive != "default":
-            keep_alive = check_keep_alive(keep_alive)
-            if self.pinned:
-                self._check_pinned_keep_alive(keep_alive)
-                keep_alive = "default"  # it stays loaded: no keep-alive is longer
-            if keep_alive is not None and not self.reloadable:
-                raise IllegalState(
-                    f"model {self.name} cannot be unloaded: its engines were given "
-                    "ready-made and could not be made again"
-                )
-        with self._lock:
-            self._idle_after = self.keep_alive if keep_alive == "default" else keep_alive
         sched = self._hold_loaded(_load_wait(lim))
         try:
-            prompt_tokens = sched.engines[0].count_prompt_tokens(request)
+            request, prompt_tokens = prepare(sched.engines[0])
             belt = self._belt(prompt_tokens, lim, capacity, request_id)
-            stream = Stream(belt, on_complete=on_complete, structure=structure)
+            stream = open_stream(request, belt)
             sched.submit(request, belt)
         finally:
             with self._lock:
@@ -564,135 +493,6 @@ class Model:
             timer=self._timer,
         )
 
-    # -- embeddings and rerank (``_embed.py``) -----------------------------------------------
-
-    def _submit_embedding(
-        self,
-        make: Callable[[Embeds], EmbeddingRequest],
-        kind: str,
-        limits: Limits | None,
-        request_id: str | None,
-    ) -> EmbeddingStream:
-        """Tokenize with ``make`` on the loaded engine, then queue as ``submit`` does."""
-        lim = limits or self.limits
-        sched = self._hold_loaded(_load_wait(lim))
-        try:
-            engine = sched.engines[0]
-            if not isinstance(engine, Embeds):
-                raise InvalidArgument(
-                    f"model {self.name} does not serve embeddings (its engine, {engine.name}, "
-                    "has none)",
-                    param="model",
-                )
-            request = make(engine)
-            count = engine.count_prompt_tokens(request)  # type: ignore[arg-type]
-            belt = self._belt(count, lim, None, request_id)
-            belt.trace.kind = kind
-            belt.trace.inputs = len(request.inputs)
-            stream = EmbeddingStream(belt, len(request.inputs))
-            sched.submit(request, belt)  # type: ignore[arg-type]
-        finally:
-            with self._lock:
-                self._submitting -= 1
-        return stream
-
-    def embedding_info(self) -> Any:
-        """The model's ``EmbeddingInfo`` (dimension, pooling, input limit), loading it if
-        it was unloaded for being idle; ``InvalidArgument`` for a model without."""
-        sched = self._hold_loaded(_load_wait(self.limits))
-        try:
-            engine = sched.engines[0]
-            if not isinstance(engine, Embeds):
-                raise InvalidArgument(f"model {self.name} does not serve embeddings")
-            return engine.embedding_info()
-        finally:
-            with self._lock:
-                self._submitting -= 1
-            self._arm_idle()
-
-    def embeddings(
-        self,
-        texts: Sequence[TextOrTokens] | str,
-        *,
-        truncate: bool = False,
-        normalize: bool = True,
-        limits: Limits | None = None,
-        request_id: str | None = None,
-    ) -> EmbeddingStream:
-        """Queue an embedding request and return its ``EmbeddingStream`` at once.
-
-        ``texts`` is one string or a list (of strings, or of token-id lists). Each input
-        may hold ``embedding_info().max_tokens`` tokens: longer ones are cut with
-        ``truncate``, else ``InvalidArgument`` names the input. The request takes a
-        slot and a place in the admission queue like a chat request (``QueueFull``),
-        its deadlines count from now (``first_token``: the first vectors), and a stop
-        ends it between ubatches. ``normalize``: unit-length vectors.
-        """
-        items = [texts] if isinstance(texts, str) else texts
-
-        def make(engine: Embeds) -> EmbeddingRequest:
-            return prepare_inputs(engine, items, truncate=truncate, normalize=normalize)
-
-        return self._submit_embedding(make, "embed", limits, request_id)
-
-    def embed(self, texts: Sequence[TextOrTokens] | str, **options: Any) -> Embeddings:
-        """Blocking ``embeddings(...).read()``: every vector, with usage and trace.
-
-        Raises ``Cancelled`` when the request ended before its last vector (a stop, a
-        deadline); a ``KeyboardInterrupt`` while waiting cancels it."""
-        return self.embeddings(texts, **options).read()
-
-    async def aembed(self, texts: Sequence[TextOrTokens] | str, **options: Any) -> Embeddings:
-        """Async ``embed``: the queueing runs off the event loop, a cancelled task stops
-        the request."""
-        import asyncio
-
-        stream = await asyncio.to_thread(self.embeddings, texts, **options)
-        return await stream.aread()
-
-    def reranking(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        truncate: bool = False,
-        limits: Limits | None = None,
-        request_id: str | None = None,
-    ) -> EmbeddingStream:
-        """Queue a rerank of ``documents`` against ``query`` (one pair per document) and
-        return its stream of score rows. ``InvalidArgument`` for a model whose pooling
-        is not ``rank``: an embedding or chat model gives no relevance scores."""
-
-        def make(engine: Embeds) -> EmbeddingRequest:
-            return prepare_pairs(engine, query, documents, truncate=truncate)
-
-        return self._submit_embedding(make, "rerank", limits, request_id)
-
-    def rerank(
-        self, query: str, documents: Sequence[str], *, top_n: int | None = None, **options: Any
-    ) -> Ranking:
-        """Blocking rerank: the documents best first (``top_n`` of them), with usage and
-        trace; ``Cancelled`` when it ended early."""
-        _check_top_n(top_n)
-        stream = self.reranking(query, documents, **options)
-        done = stream.read()
-        return Ranking(
-            tuple(ranking(done, documents, top_n)), done.usage, done.trace, done.end_reason
-        )
-
-    async def arerank(
-        self, query: str, documents: Sequence[str], *, top_n: int | None = None, **options: Any
-    ) -> Ranking:
-        """Async ``rerank``; a cancelled task stops the request."""
-        import asyncio
-
-        _check_top_n(top_n)
-        stream = await asyncio.to_thread(self.reranking, query, documents, **options)
-        done = await stream.aread()
-        return Ranking(
-            tuple(ranking(done, documents, top_n)), done.usage, done.trace, done.end_reason
-        )
-
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """The prompt tokens ``request`` would have if it were submitted now (its trace's
         ``prompt_tokens``): the chat template and the tools included; nothing is queued.
@@ -701,24 +501,14 @@ class Model:
         keep-alive counts again from here). Raises as ``submit`` does before queueing
         (``PromptTooLong``, ``InvalidArgument``, ``ModelLoading``, ``RuntimeClosed``).
         """
-        sched = self._hold_loaded(_load_wait(self.limits))
-        try:
-            return sched.engines[0].count_prompt_tokens(request)
-        finally:
-            with self._lock:
-                self._submitting -= 1
-                stats = sched.statistics()
-                idle = not (stats.running or stats.queued or self._submitting)
-            if idle:  # _hold_loaded stopped the idle timer; no request will restart it
-                self._arm_idle()
+        return self._on_engine(lambda engine: engine.count_prompt_tokens(request))
 
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         """The prompt's token ids as the engine will see them (the chat template and the
         tools included); nothing is queued. Blocks and raises as ``count_prompt_tokens``,
         and ``InvalidArgument`` for an engine that has no vocabulary here (remote)."""
-        sched = self._hold_loaded(_load_wait(self.limits))
-        try:
-            engine = sched.engines[0]
+
+        def token_ids(engine: Engine) -> list[int]:
             tokenize = getattr(engine, "tokenize_request", None)
             if tokenize is None:
                 raise InvalidArgument(
@@ -727,12 +517,21 @@ class Model:
                 )
             tokens: list[int] = tokenize(request)
             return tokens
+
+        return self._on_engine(token_ids)
+
+    def _on_engine(self, use: Callable[[Engine], _T]) -> _T:
+        """``use(engine)`` on the loaded model (loading it if it was unloaded for being
+        idle), queueing nothing; then the keep-alive counts again from here."""
+        sched = self._hold_loaded(_load_wait(self.limits))
+        try:
+            return use(sched.engines[0])
         finally:
             with self._lock:
                 self._submitting -= 1
                 stats = sched.statistics()
                 idle = not (stats.running or stats.queued or self._submitting)
-            if idle:
+            if idle:  # _hold_loaded stopped the idle timer; no request will restart it
                 self._arm_idle()
 
     def _hold_loaded(self, wait: float | None = None) -> Scheduler:
@@ -758,58 +557,12 @@ class Model:
                         if self._state is ModelState.CLOSED:
                             raise RuntimeClosed(f"model {self.name} is closed")
                         continue  # unloaded for being idle since ensure_loaded: load again
-                    if self._idle_timer is not None:
-                        self._idle_timer.cancel()
-                        self._idle_timer = None
+                    self._keep.cancel()
                     return sched
         except BaseException:
             with self._lock:
                 self._submitting -= 1
             raise
-
-    def stream(
-        self,
-        messages: Sequence[Message] | str | None = None,
-        *,
-        prompt: str | None = None,
-        limits: Limits | None = None,
-        capacity: int | None = None,
-        schema: Any = None,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        draft: str | None = None,
-        **sampling: Any,
-    ) -> Stream:
-        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session.
-
-        ``messages`` may be one string: a single user message. ``schema`` (a pydantic
-        model class or a JSON schema dict) constrains the reply to that schema; ``tools``
-        (OpenAI-shaped functions) and ``tool_choice`` let it call one (``messages`` may
-        then hold ``tool_calls`` and ``tool`` turns). The reply's ``parsed`` and
-        ``tool_calls`` hold the result. ``draft`` (``lookup``/``off``; None: the
-        runtime's) turns prompt-lookup drafting on or off for this request.
-        """
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        shape = structure(schema, tools, tool_choice, self.tool_format)
-        tools_text = None
-        if shape is not None and shape.tools and messages is not None:
-            own = self.template_tools
-            messages = render_messages(messages, shape.tools, shape.choice, own)
-            tools_text = tools_json(shape.tools, shape.choice, own)
-        request = GenerationRequest(
-            messages=None if messages is None else tuple(messages),
-            prompt=prompt,
-            sampling=sampling_from(sampling),
-            grammar=shape.grammar if shape else None,
-            tools=tools_text,
-            draft=draft,
-        )
-        return self.submit(request, limits=limits, capacity=capacity, structure=shape)
-
-    def complete(self, messages: Sequence[Message] | str | None = None, **kwargs: Any) -> Reply:
-        """Blocking ``stream(...).read()``."""
-        return self.stream(messages, **kwargs).read()
 
     def chat(self, system: str | None = None, **defaults: Any) -> ChatSession:
         """A chat session that keeps the conversation; usable with ``with``."""

@@ -1,19 +1,87 @@
-"""Chat sessions: a conversation kept across turns, with sync and async sending."""
+"""Chat: a model's one-off streams (``ChatCalls``, the chat surface of ``Model``) and
+sessions, a conversation kept across turns, with sync and async sending."""
 
 from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import IllegalState, InvalidArgument
 from ..belt import Limits
 from ..engines import GenerationRequest, Message, sampling_from
 from ._stream import Reply, Stream
-from ._structured import render_messages, structure, tools_json
+from ._structured import Structure, render_messages, structure, tools_json
 
 if TYPE_CHECKING:
     from ._model import Model
+
+
+class ChatCalls:
+    """The chat surface of ``Model`` over its ``submit`` and what its template renders."""
+
+    @property
+    def tool_format(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def template_tools(self) -> bool:
+        raise NotImplementedError
+
+    def submit(
+        self,
+        request: GenerationRequest,
+        *,
+        limits: Limits | None = None,
+        capacity: int | None = None,
+        structure: Structure | None = None,
+    ) -> Stream:
+        raise NotImplementedError
+
+    def stream(
+        self,
+        messages: Sequence[Message] | str | None = None,
+        *,
+        prompt: str | None = None,
+        limits: Limits | None = None,
+        capacity: int | None = None,
+        schema: Any = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        draft: str | None = None,
+        **sampling: Any,
+    ) -> Stream:
+        """Stream a reply to chat ``messages`` (or a raw ``prompt``) without a session.
+
+        ``messages`` may be one string: a single user message. ``schema`` (a pydantic
+        model class or a JSON schema dict) constrains the reply to that schema; ``tools``
+        (OpenAI-shaped functions) and ``tool_choice`` let it call one (``messages`` may
+        then hold ``tool_calls`` and ``tool`` turns). The reply's ``parsed`` and
+        ``tool_calls`` hold the result. ``draft`` (``lookup``/``off``; None: the
+        runtime's) turns prompt-lookup drafting on or off for this request.
+        """
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        shape = structure(schema, tools, tool_choice, self.tool_format)
+        tools_text = None
+        if shape is not None and shape.tools and messages is not None:
+            own = self.template_tools
+            messages = render_messages(messages, shape.tools, shape.choice, own)
+            tools_text = tools_json(shape.tools, shape.choice, own)
+        request = GenerationRequest(
+            messages=None if messages is None else tuple(messages),
+            prompt=prompt,
+            sampling=sampling_from(sampling),
+            grammar=shape.grammar if shape else None,
+            tools=tools_text,
+            draft=draft,
+        )
+        return self.submit(request, limits=limits, capacity=capacity, structure=shape)
+
+    def complete(self, messages: Sequence[Message] | str | None = None, **kwargs: Any) -> Reply:
+        """Blocking ``stream(...).read()``."""
+        return self.stream(messages, **kwargs).read()
 
 
 class ChatSession:

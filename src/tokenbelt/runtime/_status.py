@@ -1,12 +1,41 @@
-"""A snapshot of one model's place in the runtime: loaded or not and why, what it holds
-in memory, its slots and requests, its pin and keep-alive (``Model.status()``)."""
+"""Where a model is in its life (``ModelState``), and a snapshot of its place in the
+runtime: loaded or not and why, what it holds in memory, its slots and requests, its pin
+and keep-alive (``Model.status()``)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
 from ._memory import MemoryUse
+
+
+class ModelState(enum.Enum):
+    """Where a model is in its life."""
+
+    #: the engines are being created (weights loading)
+    LOADING = "loading"
+    #: serving requests
+    READY = "ready"
+    #: not loaded: not yet (registered to load on its first request), or unloaded after
+    #: its keep-alive or to make room for another model (``unloaded_because`` says
+    #: which); the next request loads it
+    IDLE_UNLOADED = "idle_unloaded"
+    #: closed for good: every request was released and the memory returned
+    CLOSED = "closed"
+
+    def allows(self, new: ModelState) -> bool:
+        """Whether a model may go from this state to ``new``."""
+        return new in _TRANSITIONS[self]
+
+
+_TRANSITIONS = {
+    ModelState.LOADING: {ModelState.READY, ModelState.CLOSED},
+    ModelState.READY: {ModelState.IDLE_UNLOADED, ModelState.CLOSED},
+    ModelState.IDLE_UNLOADED: {ModelState.LOADING, ModelState.CLOSED},
+    ModelState.CLOSED: set(),
+}
 
 
 @dataclass(frozen=True)
