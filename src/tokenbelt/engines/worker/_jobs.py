@@ -1,13 +1,22 @@
-"""One request as the worker's parent tracks it: its producer, its credits, its stop."""
+"""One request as the worker's parent tracks it: its producer, its credits, its stop,
+and what the worker's messages about it do to its belt."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from ..._errors import Cancelled, DecodeError
 from ...belt import EndReason, Producer
 from .._request import GenerationRequest
+from . import _messages as msg
 from ._process import Process
+
+
+def _count_tokens(producer: Producer[Any], tokens: int) -> None:
+    """The tokens a worker's message carried, counted on the parent's belt."""
+    for _ in range(tokens):
+        producer.count_token()
 
 
 class Job:
@@ -46,6 +55,47 @@ class Job:
         self.worker: Process | None = None
         #: the worker's engine admitted it (before that, a crash sends it to the next one)
         self.admitted = False
+
+    def apply(self, message: msg.ToParent) -> bool:
+        """Carry a worker's message about this request to its producer; True when it
+        put an item on the belt (the engine then grants the room the reader made). A
+        ``Release`` is counted here and left to the engine to release."""
+        p = self.producer
+        match message:
+            case msg.Item(_, item, tokens):
+                _count_tokens(p, tokens)
+                try:
+                    p.put_nowait(item)
+                except Cancelled:
+                    return False
+                self.received += 1
+                return True
+            case msg.Admit():
+                self.admitted = True
+                p.start()
+            case msg.Prompt(_, n):
+                p.count_prompt(n)
+            case msg.Cached(_, n):
+                p.count_cached(n)
+            case msg.Reasoning(_, at, _, _, True):
+                p.trace.mark_answer(at)
+            case msg.Reasoning(_, at, tokens, ended_by):
+                p.trace.mark_reasoning(tokens, ended_by, at)
+            case msg.Finish(_, reason, tokens, stop_sequence):
+                _count_tokens(p, tokens)
+                if stop_sequence is not None:
+                    p.trace.stop_sequence = stop_sequence
+                p.finish(reason)
+            case msg.Fail(_, error, tokens):
+                _count_tokens(p, tokens)
+                p.fail(DecodeError(error))
+            case msg.Cancel(_, reason):
+                p.cancel(reason)
+            case msg.Release(_, batched_with, _, drafted, accepted, tokens):
+                _count_tokens(p, tokens)
+                p.trace.batched_with.update(batched_with)
+                p.count_draft(drafted, accepted)
+        return False
 
     def unsent(self) -> None:
         """Back to waiting for a worker: its worker died before admitting it."""

@@ -32,7 +32,6 @@ import functools
 import itertools
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import (
-    Cancelled,
     DecodeError,
     IllegalState,
     InvalidArgument,
@@ -54,8 +52,9 @@ from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
 from ..llama import check_fits, check_gguf_file, check_inputs, check_pooling
 from . import _messages as msg
+from ._crashes import Crashes
 from ._jobs import Job
-from ._process import EXIT_WAIT_S, Process, describe_exit, spawn
+from ._process import Process, describe_exit, spawn
 from ._vocab import PromptTokens
 
 logger = logging.getLogger("tokenbelt.engines.worker")
@@ -64,22 +63,12 @@ logger = logging.getLogger("tokenbelt.engines.worker")
 ABORT_ENV = "TOKENBELT_TEST_WORKER_ABORT"
 #: default seconds a stop may take before the worker is killed
 DEFAULT_STOP_GRACE = 3.0
-#: restart delays after consecutive crashes (the last one repeats)
-_BACKOFF = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
-#: a crash this long after the previous one starts the backoff again
-_CALM_S = 30.0
 #: seconds a failed engine thread waits before it starts again
 _RESTART_PAUSE_S = 0.05
 #: seconds between two heartbeats (a ``Ping`` the worker's loop answers between steps)
 HEARTBEAT_S = 1.0
 #: a worker that has answered no heartbeat for this long is not ready (``/health``)
 HEARTBEAT_BOUND_S = 5.0
-
-
-def _count_tokens(producer: Producer[Any], tokens: int) -> None:
-    """The tokens a worker's message carried, counted on the parent's belt."""
-    for _ in range(tokens):
-        producer.count_token()
 
 
 class WorkerEngine:
@@ -116,7 +105,7 @@ class WorkerEngine:
             raise InvalidArgument("stop_grace must be a number of seconds, got None")
         self.stop_grace = grace
         self.load_timeout = load_timeout
-        self.max_load_crashes = max(1, max_load_crashes)
+        self._crashes = Crashes(max_load_crashes)
         self._options: dict[str, Any] = {"slots": self.slots, "n_ctx": n_ctx, **options}
         self._options["name"] = self.name
         self._lock = threading.Lock()
@@ -128,10 +117,6 @@ class WorkerEngine:
         self._state = WorkerState.STARTING
         self._closed = False
         self._restarts = 0
-        self._crashes = 0  # in a row, each within _CALM_S of the one before
-        self._load_crashes = 0  # workers in a row that died before they were ready
-        self._last_crash: str | None = None
-        self._last_crash_at = 0.0
         self._failure: str | None = None
         self._restart_at: float | None = None
         self._stats: BatchStatistics | None = None
@@ -263,7 +248,7 @@ class WorkerEngine:
     def _sender(self) -> None:
         w: Process | None = self._current
         while w is not None:
-            self._send(w)
+            w.send_queued()  # until it is gone
             w = self._next(w)
 
     def _reader(self) -> None:
@@ -272,17 +257,9 @@ class WorkerEngine:
             # A reader started again after a failure goes on with the current worker,
             # unless that one's end was already seen (then it waits for the next).
             if not w.done:
-                self._read(w)
+                code = w.read(functools.partial(self._handle, w))  # until it is gone
+                self._gone(w, code)
             w = self._next(w)
-
-    def _send(self, w: Process) -> None:
-        """Write ``w``'s outbox to its pipe until it is gone."""
-        w.send_queued()
-
-    def _read(self, w: Process) -> None:
-        """Apply ``w``'s messages; when it ends, end the requests it held."""
-        code = w.read(functools.partial(self._handle, w))
-        self._gone(w, code)
 
     def _handle(self, w: Process, message: msg.ToParent) -> None:
         match message:
@@ -298,44 +275,12 @@ class WorkerEngine:
         job = self._jobs.get(message.rid)
         if job is None or job.worker is not w:
             return
-        p = job.producer
-        match message:
-            case msg.Item(_, item, tokens):
-                _count_tokens(p, tokens)
-                try:
-                    p.put_nowait(item)
-                except Cancelled:
-                    return
-                job.received += 1
-                self._grant(job)
-            case msg.Admit():
-                job.admitted = True
-                p.start()
-            case msg.Prompt(_, n):
-                p.count_prompt(n)
-            case msg.Cached(_, n):
-                p.count_cached(n)
-            case msg.Reasoning(_, at, _, _, True):
-                p.trace.mark_answer(at)
-            case msg.Reasoning(_, at, tokens, ended_by):
-                p.trace.mark_reasoning(tokens, ended_by, at)
-            case msg.Finish(_, reason, tokens, stop_sequence):
-                _count_tokens(p, tokens)
-                if stop_sequence is not None:
-                    p.trace.stop_sequence = stop_sequence
-                p.finish(reason)
-            case msg.Fail(_, error, tokens):
-                _count_tokens(p, tokens)
-                p.fail(DecodeError(error))
-            case msg.Cancel(_, reason):
-                p.cancel(reason)
-            case msg.Release(_, batched_with, statistics, drafted, accepted, tokens):
-                _count_tokens(p, tokens)
-                p.trace.batched_with.update(batched_with)
-                p.count_draft(drafted, accepted)
-                if statistics is not None:
-                    self._stats = statistics
-                self._release(job)
+        if job.apply(message):
+            self._grant(job)  # an item reached the belt: the room the reader made
+        elif isinstance(message, msg.Release):
+            if message.statistics is not None:
+                self._stats = message.statistics
+            self._release(job)
 
     def _ready(self, w: Process, info: dict[str, Any]) -> None:
         with self._lock:
@@ -343,7 +288,7 @@ class WorkerEngine:
             w.became_ready = True
             w.answered_at = time.monotonic()
             w.load_by = None
-            self._load_crashes = 0
+            self._crashes.loaded()
             if self._closed or w is not self._current:
                 return
             self._state = WorkerState.READY
@@ -392,29 +337,28 @@ class WorkerEngine:
             self._end(job, error)
 
     def _crashed_locked(self, w: Process, cause: str) -> None:
-        now = time.monotonic()
-        self._last_crash = cause
-        self._crashes = self._crashes + 1 if now - self._last_crash_at < _CALM_S else 1
-        self._last_crash_at = now
-        if not w.became_ready:
-            self._load_crashes += 1
+        self._crashes.record(cause, was_ready=w.became_ready)
         if self._closed or w is not self._current:
             return
-        if self._load_crashes >= self.max_load_crashes:
-            self._state = WorkerState.FAILED
-            self._failure = (
-                f"the engine worker died {self._load_crashes} times in a row before it "
-                f"was ready; the last time: {w.load_error or cause}"
+        if self._crashes.load_failed:
+            self._fail_locked(
+                f"the engine worker died {self._crashes.while_loading} times in a row before "
+                f"it was ready; the last time: {w.load_error or cause}"
             )
             logger.error("model %s failed: %s", self.name, self._failure)
-            pending, self._pending = self._pending, []
-            self._doomed.extend((job, WorkerCrashed(self._failure)) for job in pending)
-            for job in pending:
-                self._jobs.pop(job.rid, None)
             return
         self._state = WorkerState.RESTARTING
-        delay = _BACKOFF[min(self._crashes, len(_BACKOFF)) - 1]
-        self._restart_at = now + delay
+        self._restart_at = time.monotonic() + self._crashes.backoff()
+
+    def _fail_locked(self, failure: str) -> None:
+        """No worker can serve: the engine fails, and what waited for one ends with why."""
+        self._state = WorkerState.FAILED
+        self._failure = failure
+        pending, self._pending = self._pending, []
+        for job in pending:
+            self._jobs.pop(job.rid, None)
+            self._doomed.append((job, WorkerCrashed(failure)))
+        self._cond.notify_all()
 
     def _end(self, job: Job, error: BaseException) -> None:
         """End a job its worker can no longer serve, then release it."""
@@ -558,14 +502,8 @@ class WorkerEngine:
             self._spawn()
         except ModelLoadError as exc:
             with self._cond:
-                self._last_crash = str(exc)
-                self._state = WorkerState.FAILED
-                self._failure = str(exc)
-                pending, self._pending = self._pending, []
-                for job in pending:
-                    self._jobs.pop(job.rid, None)
-                    self._doomed.append((job, WorkerCrashed(str(exc))))
-                self._cond.notify_all()
+                self._crashes.last = str(exc)
+                self._fail_locked(str(exc))
 
     # -- state -------------------------------------------------------------------------------
 
@@ -589,7 +527,7 @@ class WorkerEngine:
             state=self._state.value,
             pid=w.pid if running else None,
             restarts=self._restarts,
-            last_crash=self._last_crash,
+            last_crash=self._crashes.last,
             rss_bytes=w.rss() if running else None,
             failure=self._failure,
             thread_failures=self._thread_failures,
@@ -625,15 +563,6 @@ class WorkerEngine:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _stop_process(self, w: Process) -> None:
-        """Ask a worker to exit and wait; kill it if it does not."""
-        w.post(msg.Close())
-        try:
-            w.popen.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            logger.warning("engine worker %s did not exit; killing it", w.pid)
-            w.kill("engine worker killed: it did not exit when closed")
-
     def close(self) -> None:
         """End the worker (its memory returns to the system); requests end ``shutdown``.
 
@@ -658,7 +587,7 @@ class WorkerEngine:
             job.end(error)
         for job in list(self._jobs.values()):
             job.producer.cancel(EndReason.SHUTDOWN)
-        self._stop_process(w)
+        w.stop()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join()

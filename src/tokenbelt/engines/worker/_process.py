@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import LoadTimeout, ModelLoadError
-from ._messages import Load, ToParent, ToWorker, frame, messages
+from ._messages import Close, Load, ToParent, ToWorker, frame, messages
 
 logger = logging.getLogger("tokenbelt.engines.worker")
 
@@ -136,6 +136,15 @@ class Process:
     def close_pipe(self) -> None:
         self.conn.close()
         self.sock.close()
+
+    def stop(self) -> None:
+        """Ask the worker to exit and wait; kill it if it does not."""
+        self.post(Close())
+        try:
+            self.popen.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("engine worker %s did not exit; killing it", self.pid)
+            self.kill("engine worker killed: it did not exit when closed")
 
     def kill(self, cause: str) -> None:
         if self.cause is None:
