@@ -1,7 +1,8 @@
 """Embedding throughput through the SDK and HTTP against a bare llama.cpp loop, and chat beside it.
 
-All sides run in one process on the real default model (a chat model, pooled by mean),
-in the same run, with the same inputs (short sentences of a few tokens each):
+Every side runs the real default model (a chat model, pooled by mean), in the same run,
+with the same inputs (short sentences of a few tokens each); bare and the SDK in this
+process, each server in a process of its own, as a user runs one:
 
 - **bare**: the loop a user would write with llama-cpp-python's low-level API: one
   ``embeddings=True`` context on the loaded model, inputs packed into one batch with a
@@ -9,7 +10,10 @@ in the same run, with the same inputs (short sentences of a few tokens each):
   ``llama_get_embeddings_seq`` per input and an L2 normalisation. It runs at each
   thread count of ``--threads`` in every round, and the round's fastest is its baseline;
 - **sdk**: ``model.embed(texts)`` (queueing, tokenising, the engine's packing, the belt);
-- **http**: ``POST /v1/embeddings`` to a real uvicorn on 127.0.0.1 (JSON floats);
+- **http**: ``POST /v1/embeddings`` (JSON floats) to ``tokenbelt serve`` on 127.0.0.1
+  with the SDK's settings (4 slots of 512 tokens, in-process engine). Until 2026-12-04
+  the server ran in this process on a thread beside the client, whose CPU and GIL it
+  then shared (a user's client never does): that made single inputs 3-5 ms slower;
 - **peer** (with ``--llama-server PATH`` or ``TOKENBELT_LLAMA_SERVER``): the same request
   to llama.cpp's own ``llama-server --embeddings --pooling mean`` (built at the same
   llama.cpp commit by ``benchmarks/build_llama_server.sh``) in a process of its own, with
@@ -43,23 +47,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import httpx
 import numpy as np
-import uvicorn
 
 import _harness
 from tokenbelt import Model, Runtime
 from tokenbelt.engines import usable_cores
 from tokenbelt.models import default_model_path
-from tokenbelt.server import ServerSettings, create_app
 
 NET = 300.0
 _WORDS = ["river", "stone", "green", "light", "paper", "north", "quiet", "glass", "salt"]
@@ -130,25 +132,14 @@ class Bare:
 # -- serving ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + NET
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(NET)
-        sock.close()
+def tokenbelt_server(args: Any) -> contextlib.AbstractContextManager[str]:
+    """``tokenbelt serve`` on the default model with the SDK side's settings."""
+    port = _harness.free_port()
+    command = [sys.executable, "-m", "tokenbelt", "serve", str(default_model_path())]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--isolation", "thread"]
+    command += ["--slots", "4", "--n-ctx", "512", "--queue-size", "64", "--keep-alive", "0"]
+    command += ["--total-timeout", "0", "--prefix-cache-disk", "0"]
+    return _harness.server_process(command, port, NET)
 
 
 def peer_server(binary: str, threads: int, args: Any) -> contextlib.AbstractContextManager[str]:
@@ -257,10 +248,10 @@ def main() -> None:
         engine: Any = model.engines[0]
         info = engine.embedding_info()
         result["pooling"] = f"{info.pooling} ({info.pooling_source})"
-        app = create_app(runtime, ServerSettings(), close_runtime=False)
         with contextlib.ExitStack() as stack:
-            url = stack.enter_context(serving(app))
+            url = stack.enter_context(tokenbelt_server(args))
             client = stack.enter_context(httpx.Client(base_url=url, timeout=NET))
+            served = str(client.get("/v1/models").json()["data"][0]["id"])
             peer = None
             if args.llama_server:
                 peer_url = stack.enter_context(peer_server(args.llama_server, cores, args))
@@ -279,7 +270,7 @@ def main() -> None:
                         f"bare@{threads}": lambda b=b, t=tokens: b.embed(t)
                         for threads, b in bares.items()
                     }
-                    http = partial(embed_over_http, client, model.name, texts)
+                    http = partial(embed_over_http, client, served, texts)
                     sides |= {"sdk": lambda t=texts: model.embed(t), "http": http}
                     if peer is not None:
                         sides["peer"] = partial(embed_over_http, peer, "peer", texts)

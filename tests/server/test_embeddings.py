@@ -99,6 +99,18 @@ def test_base64_is_little_endian_float32(served: Served) -> None:
     assert (trace["kind"], trace["inputs"], trace["end_reason"]) == ("embed", 1, "stop")
 
 
+def test_float_vectors_are_written_in_their_shortest_float32_form(served: Served) -> None:
+    sdk = served.model().embed(["hello"]).array[0]
+    r = post(served, "/v1/embeddings", {"model": served.model().name, "input": "hello"})
+    assert r.status_code == 200, r.text
+    written = r.json()["data"][0]["embedding"]
+    # Read back as float32, each number is the very float32 the model made ...
+    assert np.array_equal(np.asarray(written, dtype=np.float32), sdk)
+    # ... and is written no longer than it takes to say so (not 17 digits of a double).
+    numbers = r.text.split('"embedding":[', 1)[1].split("]", 1)[0].split(",")
+    assert max(len(n) for n in numbers) <= 15, max(numbers, key=len)
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
