@@ -11,10 +11,12 @@ import json
 import socket
 import time
 
+import anyio
 import pytest
 
 from tokenbelt import EndReason, ScriptedEngine
 from tokenbelt.server import ServerSettings
+from tokenbelt.server.core import WRITE_PIECE_BYTES, in_pieces
 
 from .conftest import (
     CHAT,
@@ -168,3 +170,47 @@ def test_a_reader_that_reads_nothing_is_bounded_and_ends_reader_timeout(
         assert b"data: [DONE]" not in client.buffer
     stats = served.model().statistics()
     assert (stats.running, stats.queued) == (0, 0)
+
+
+# -- large bodies -------------------------------------------------------------------------------
+
+
+def test_a_large_body_is_written_in_pieces_in_order() -> None:
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    body = bytes(range(256)) * 200  # 51,200 bytes: three whole pieces and a part
+    piecewise = in_pieces(send)
+
+    async def write() -> None:
+        await piecewise({"type": "http.response.start", "status": 200, "headers": []})
+        await piecewise({"type": "http.response.body", "body": body, "more_body": False})
+        await piecewise({"type": "http.response.body", "body": b"tail", "more_body": False})
+
+    anyio.run(write)
+    pieces = sent[1:-1]
+    assert sent[0]["type"] == "http.response.start"
+    assert [len(p["body"]) for p in pieces] == [WRITE_PIECE_BYTES] * 3 + [51_200 - 3 * 16_384]  # type: ignore[arg-type]
+    assert b"".join(p["body"] for p in pieces) == body  # type: ignore[misc]
+    # Only the last piece of a body that ends says so; a small body goes as it came.
+    assert [p["more_body"] for p in pieces] == [True, True, True, False]
+    assert sent[-1] == {"type": "http.response.body", "body": b"tail", "more_body": False}
+
+
+def test_a_large_answer_arrives_whole_through_a_small_send_buffer(serve: ServeFactory) -> None:
+    # ``tokenbelt serve`` fixes each connection's send buffer (SO_SNDBUF 32 KiB); a 1 MB
+    # non-streamed answer goes out in pieces and arrives byte for byte.
+    script = words(64, 16_384)
+    served = serve(scripted_runtime(ScriptedEngine(script, delay=0)), sndbuf=32 * 1024)
+    with RawClient(served.url) as client:
+        client.send(CHAT, chat_body(stream=False, max_tokens=len(script)))
+        status, headers = client.read_head()
+        size = int(headers["content-length"])
+        while len(client.buffer) < size and client.fill():
+            pass
+        body = json.loads(bytes(client.buffer[:size]))
+    assert (status, len(client.buffer)) == (200, size)
+    assert body["choices"][0]["message"]["content"] == "".join(script)
+    served.assert_released(served.recorder.nth(0), EndReason.STOP)

@@ -35,7 +35,7 @@ from ._errors import (
     openai_shape,
     response_for,
 )
-from ._h11 import http_protocol
+from ._h11 import WRITE_PIECE_BYTES, http_protocol, in_pieces
 from ._middleware import (
     CALLER,
     PROTECTED,
@@ -69,6 +69,7 @@ __all__ = [
     "NO_RETRY",
     "PROTECTED",
     "RELEASE_WAIT_S",
+    "WRITE_PIECE_BYTES",
     "ApiKeyMiddleware",
     "Asgi",
     "BodyLimitMiddleware",
@@ -101,6 +102,7 @@ __all__ = [
     "error_response",
     "failure",
     "http_protocol",
+    "in_pieces",
     "install",
     "named_sse",
     "ndjson",

@@ -14,6 +14,13 @@
   answer has begun is a disconnect, as before.
 - **Bytes in flight.** The transport's write buffer pauses the writer above
   ``WRITE_BUFFER_HIGH`` bytes (asyncio's default is 64 KiB).
+- **Large bodies in pieces.** A body message over ``WRITE_PIECE_BYTES`` is written as
+  pieces of that size, each waiting for the transport (``in_pieces``). ``tokenbelt
+  serve`` fixes each connection's send buffer at 64 KiB so that a reader that stops
+  pauses generation early; on loopback, whose segments are 64 KiB, one large write
+  then left a single segment in flight, which the client acknowledges only when its
+  delayed-ACK timer fires (40 ms): a 3.7 MB embedding answer took 1.7 s to arrive
+  (2.2 MB/s), in 16 KiB pieces 5 ms.
 - **Abort.** Each request's scope carries the ASGI extension ``tokenbelt.connection``
   with ``abort()``: a response that gives up on its reader (``reader_timeout``) closes
   the connection at once, without waiting on the socket it gave up on.
@@ -28,6 +35,7 @@ import socket
 from typing import Any
 
 import h11
+from starlette.types import Message, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
@@ -38,6 +46,8 @@ logger = logging.getLogger("tokenbelt.server")
 
 #: the transport pauses the response writer above this many buffered bytes
 WRITE_BUFFER_HIGH = 16 * 1024
+#: the largest piece of a body written at once (see "Large bodies in pieces")
+WRITE_PIECE_BYTES = 16 * 1024
 #: how often a half-closed connection's socket is checked for a reset
 HALF_CLOSED_POLL_S = 0.1
 #: the ASGI scope extension that lets a response close its connection
@@ -56,6 +66,27 @@ def _error_answer(status: int, phrase: str, message: str, code: str) -> bytes:
         "connection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def in_pieces(send: Send) -> Send:
+    """``send``, with a body message over ``WRITE_PIECE_BYTES`` sent as pieces of that
+    size (in order, each awaited, the last one carrying the message's ``more_body``)."""
+
+    async def send_in_pieces(message: Message) -> None:
+        body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+        if len(body) <= WRITE_PIECE_BYTES:
+            await send(message)
+            return
+        more = bool(message.get("more_body", False))
+        view = memoryview(body)
+        for start in range(0, len(body), WRITE_PIECE_BYTES):
+            end = start + WRITE_PIECE_BYTES
+            piece = bytes(view[start:end])
+            await send(
+                {"type": "http.response.body", "body": piece, "more_body": more or end < len(body)}
+            )
+
+    return send_in_pieces
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -82,7 +113,7 @@ class GuardedH11Protocol(H11Protocol):
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             scope.setdefault("extensions", {})[ABORT_EXTENSION] = {"abort": self._abort}
-            await inner(scope, receive, send)
+            await inner(scope, receive, in_pieces(send))
 
         self.app = app
 
