@@ -39,6 +39,27 @@ def test_a_neighbour_taking_a_core_moves_the_tuner_to_fewer_threads_and_back() -
     assert tuner.best("decode") == 2
 
 
+def test_one_slow_step_does_not_move_the_tuner_off_the_faster_count() -> None:
+    # Close costs, as a lone stream of the default model has them on 2 cores.
+    tuner = ThreadTuner([2, 1], explore_every=8)
+    close = {2: 0.0062, 1: 0.0070}
+    drive(tuner, close, 64)
+    assert tuner.best("decode") == 2
+    tuner.record("decode", 2, 0.011, 1)  # a page fault, or the event loop took a core
+    chosen = drive(tuner, close, 64)
+    assert tuner.best("decode") == 2
+    assert chosen.count(1) <= 64 // 8  # explored, never chosen
+
+
+def test_a_count_within_the_margin_does_not_take_over() -> None:
+    tuner = ThreadTuner([2, 1], explore_every=8)
+    drive(tuner, {2: 0.0062, 1: 0.0070}, 64)
+    chosen = drive(tuner, {2: 0.0070, 1: 0.0068}, 200)  # one thread 3% cheaper: noise
+    assert chosen[-100:].count(1) <= 100 // 8 + 1
+    chosen = drive(tuner, {2: 0.0070, 1: 0.0060}, 200)  # 14% cheaper: a real change
+    assert chosen[-100:].count(2) <= 100 // 8 + 1
+
+
 def test_exploring_a_much_worse_count_backs_off() -> None:
     tuner = ThreadTuner([2, 1], explore_every=8)
     chosen = drive(tuner, {2: 0.010, 1: 0.030}, 4000)

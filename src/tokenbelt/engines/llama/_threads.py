@@ -11,8 +11,15 @@ this process is allowed to run on (its CPU affinity, so a container or a
 from __future__ import annotations
 
 import os
+import statistics
+from collections import deque
 
 from ...belt import check
+
+#: samples of a step's cost kept per kind and thread count; the cost is their median
+WINDOW = 9
+#: the count in use stays unless another one is this much cheaper (a fraction)
+SWITCH_MARGIN = 0.05
 
 
 def usable_cores() -> int:
@@ -70,9 +77,15 @@ class ThreadTuner:
     5-12 tokens/s. Alone, 2 threads decode ~1.9x faster than 1.
 
     Each kind of step (``decode``: a few tokens; ``prefill``: a prompt chunk; an
-    embedding ubatch by its size, see ``embed_kind``) keeps a moving average of its
-    cost per thread count (seconds per step for decode, per token for the others).
-    The cheapest count is used; every ``explore_every`` steps one
+    embedding ubatch by its size, see ``embed_kind``) keeps its cost per thread count
+    (seconds per step for decode, per token for the others): the median of its last
+    ``WINDOW`` samples. A moving average let one slow step (a page fault, the event
+    loop taking a core for a moment) lift the used count over the other's stale cost:
+    a lone stream of the default model then spent long runs on 1 thread, 7.0-7.2 ms a
+    token against 6.1-6.7 on 2 (llama.cpp's own server: 6.1-6.4). A sample under half
+    the median means the machine changed (a neighbour left): it replaces the window.
+    The cheapest count is used (the one in use stays while the other is within
+    ``SWITCH_MARGIN`` of it); every ``explore_every`` steps one
     other count is tried, so a neighbour that leaves is noticed too. A count that
     was over 1.5x worse when tried is tried half as often each time (down to once in
     512 steps), so exploring costs a quiet machine well under 1% of its steps.
@@ -82,9 +95,11 @@ class ThreadTuner:
         self.candidates = candidates
         self._explore_every = explore_every
         self._cost: dict[str, dict[int, float]] = {}
+        self._samples: dict[tuple[str, int], deque[float]] = {}
         self._steps: dict[str, int] = {}
         self._interval: dict[str, int] = {}
         self._turn = 0
+        self._held: dict[str, int] = {}  # the count each kind uses (not exploring)
         #: the count chosen for the latest step
         self.current = candidates[0]
 
@@ -92,9 +107,17 @@ class ThreadTuner:
         return self._cost.setdefault(kind, {})
 
     def best(self, kind: str) -> int:
+        """The cheapest count; the one in use keeps its place unless another is
+        ``SWITCH_MARGIN`` cheaper (close costs swap places from sample to sample)."""
         costs = self._costs(kind)
         known = [c for c in self.candidates if c in costs]
-        return min(known, key=costs.__getitem__) if known else self.candidates[0]
+        if not known:
+            return self.candidates[0]
+        cheapest = min(known, key=costs.__getitem__)
+        held = self._held.get(kind)
+        if held in costs and costs[cheapest] > (1 - SWITCH_MARGIN) * costs[held]:
+            return held
+        return cheapest
 
     def choose(self, kind: str) -> int:
         costs = self._costs(kind)
@@ -103,7 +126,7 @@ class ThreadTuner:
             choice = untried[0]
         else:
             steps = self._steps[kind] = self._steps.get(kind, 0) + 1
-            choice = self.best(kind)
+            choice = self._held[kind] = self.best(kind)
             interval = self._interval.get(kind, self._explore_every)
             if len(self.candidates) > 1 and steps % interval == 0:
                 others = [c for c in self.candidates if c != choice]
@@ -117,10 +140,13 @@ class ThreadTuner:
         costs = self._costs(kind)
         best = self.best(kind) if costs else threads
         old = costs.get(threads)
-        # A sample far below the average means the machine changed (a neighbour left):
-        # take it as it is rather than averaging it in over many rare trials.
-        fresh = old is None or unit < 0.5 * old
-        costs[threads] = unit if fresh or old is None else 0.7 * old + 0.3 * unit
+        samples = self._samples.setdefault((kind, threads), deque(maxlen=WINDOW))
+        if old is not None and unit < 0.5 * old:
+            # The machine changed (a neighbour left): this sample stands for the count
+            # at once, rather than after many rare trials.
+            samples.clear()
+        samples.append(unit)
+        costs[threads] = statistics.median(samples)
         if threads != best and best in costs:
             slow = costs[threads] > 1.5 * costs[best]
             interval = self._interval.get(kind, self._explore_every)
