@@ -51,6 +51,16 @@ def test_one_slow_step_does_not_move_the_tuner_off_the_faster_count() -> None:
     assert chosen.count(1) <= 64 // 8  # explored, never chosen
 
 
+def test_an_untried_count_waits_for_the_first_exploring_turn() -> None:
+    tuner = ThreadTuner([2, 1], explore_every=8)
+    chosen = drive(tuner, {2: 0.004, 1: 0.007}, 16)
+    # The first prompts after a start (a readiness probe, then the first request) run on
+    # every core; one thread is tried on the kind's first exploring turn.
+    assert chosen[:7] == [2] * 7
+    assert chosen[7] == 1
+    assert tuner.best("decode") == 2
+
+
 def test_a_count_within_the_margin_does_not_take_over() -> None:
     tuner = ThreadTuner([2, 1], explore_every=8)
     drive(tuner, {2: 0.0062, 1: 0.0070}, 64)

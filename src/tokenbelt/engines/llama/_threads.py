@@ -120,18 +120,18 @@ class ThreadTuner:
         return cheapest
 
     def choose(self, kind: str) -> int:
+        """The count for the next step of ``kind``. A count not tried yet waits for the
+        kind's first exploring turn, as any other: tried at once, it ran the second
+        prompt after a start (the first request after a readiness probe) on 1 thread."""
         costs = self._costs(kind)
-        untried = [c for c in self.candidates if c not in costs]
-        if untried:
-            choice = untried[0]
-        else:
-            steps = self._steps[kind] = self._steps.get(kind, 0) + 1
-            choice = self._held[kind] = self.best(kind)
-            interval = self._interval.get(kind, self._explore_every)
-            if len(self.candidates) > 1 and steps % interval == 0:
-                others = [c for c in self.candidates if c != choice]
-                self._turn += 1
-                choice = others[self._turn % len(others)]
+        steps = self._steps[kind] = self._steps.get(kind, 0) + 1
+        choice = self._held[kind] = self.best(kind)
+        interval = self._interval.get(kind, self._explore_every)
+        if len(self.candidates) > 1 and steps % interval == 0:
+            others = [c for c in self.candidates if c != choice]
+            untried = [c for c in others if c not in costs]
+            self._turn += 1
+            choice = untried[0] if untried else others[self._turn % len(others)]
         self.current = choice
         return choice
 
