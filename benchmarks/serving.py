@@ -13,9 +13,10 @@ round, and medians over rounds are reported.
 
 For 1, 2, 4, 8 and 16 concurrent streams (``--streams``), every request streamed with a
 distinct prompt, greedy, with the end tokens banned by ``logit_bias`` so each makes
-``--tokens`` tokens:
+``--tokens`` tokens; fewer than 4 streams run in waves, one after the other, until 4
+requests were timed (one lone request's first token is too noisy a sample):
 
-- ``{side}_tok_s_{n}``: aggregate completion tokens/s (first send to last end);
+- ``{side}_tok_s_{n}``: aggregate completion tokens/s (first send to last end of each wave);
 - ``{side}_ttft_p50_ms_{n}`` / ``_ttft_p95_ms_``: time to first token;
 - ``{side}_itl_p50_ms_{n}`` / ``_itl_p95_ms_``: gaps between content chunks;
 - ``ratio_tok_s_{n}``: tokenbelt (worker) over llama-server (and ``ratio_thread_tok_s_{n}``).
@@ -57,6 +58,11 @@ from tokenbelt.models import default_model_path
 
 SIDES = ("process", "thread", "llama-server")
 #: words for prompts of a chosen length
+#: a concurrency runs in waves until this many requests were timed (4 waves of 1, 2 of 2)
+WAVE_REQUESTS = 4
+#: every request on a connection of its own, on both sides (llama-server drops a
+#: kept-alive connection after a streamed answer now and then: the next request fails)
+FRESH = httpx.Limits(max_connections=64, max_keepalive_connections=0)
 WORDS = ("the", "sea", "is", "wide", "and", "deep", "blue", "under", "a", "grey", "sky")
 
 
@@ -136,13 +142,18 @@ def _gaps(chunks: list[float]) -> list[float]:
     return [(b - a) * 1000 for a, b in itertools.pairwise(chunks)]
 
 
-def _summary(results: list[dict[str, Any]]) -> dict[str, float]:
-    first = min(r["sent"] for r in results)
-    last = max(r["chunks"][-1] for r in results if r["chunks"])
+def _summary(waves: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """Aggregate tok/s over the waves' spans (first send to last chunk of each), and the
+    latencies of every request in them."""
+    results = [r for wave in waves for r in wave]
+    span = sum(
+        max(r["chunks"][-1] for r in wave if r["chunks"]) - min(r["sent"] for r in wave)
+        for wave in waves
+    )
     ttft = [(r["chunks"][0] - r["sent"]) * 1000 for r in results if r["chunks"]]
     gaps = [g for r in results for g in _gaps(r["chunks"])]
     return {
-        "tok_s": sum(r["tokens"] for r in results) / (last - first),
+        "tok_s": sum(r["tokens"] for r in results) / span,
         "ttft_p50_ms": statistics.median(ttft),
         "ttft_p95_ms": _harness.percentile(ttft, 0.95),
         "itl_p50_ms": statistics.median(gaps) if gaps else 0.0,
@@ -151,16 +162,24 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, float]:
 
 
 async def _concurrent(url: str, name: str, n: int, tokens: int, bias: dict[str, float]) -> Any:
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as c:
-        prompts = [f"Story {n}.{i}: tell me about the {WORDS[i % len(WORDS)]}." for i in range(n)]
-        return _summary(
-            await asyncio.gather(*(_stream(c, url, _body(name, p, tokens, bias)) for p in prompts))
-        )
+    """``n`` streams at once, in as many waves as it takes to time ``WAVE_REQUESTS``."""
+    async with httpx.AsyncClient(timeout=600, limits=FRESH) as c:
+        waves = []
+        for w in range(-(-WAVE_REQUESTS // n)):
+            prompts = [
+                f"Story {n}.{w}.{i}: tell me about the {WORDS[i % len(WORDS)]}." for i in range(n)
+            ]
+            waves.append(
+                await asyncio.gather(
+                    *(_stream(c, url, _body(name, p, tokens, bias)) for p in prompts)
+                )
+            )
+        return _summary(waves)
 
 
 async def _mixed(url: str, name: str, tokens: int, bias: dict[str, float]) -> dict[str, float]:
     long = " ".join(WORDS[i % len(WORDS)] for i in range(800))
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as c:
+    async with httpx.AsyncClient(timeout=600, limits=FRESH) as c:
         running = [
             asyncio.create_task(
                 _stream(c, url, _body(name, f"Run {i}: the sea.", 2 * tokens, bias))

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from tokenbelt import InvalidArgument, Limits, Runtime, SamplingParams, ScriptedEngine
+from tokenbelt._defaults import DEFAULT_PREFILL_GAP
 from tokenbelt.belt import RANGES, check
+from tokenbelt.belt._ranges import YEAR_S
 from tokenbelt.cli import build_parser
 from tokenbelt.engines.remote import Upstream
 
@@ -181,3 +183,22 @@ def test_a_flag_past_its_range_exits_2_with_one_line_and_no_traceback() -> None:
         "tokenbelt serve: error: argument --slots: slots must be an integer from 1 to 256 "
         "sequences, got 257"
     ]
+
+
+def test_the_prefill_gap_takes_a_delay_from_the_sdk_and_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for bad in ("-1", "nan", "1e12", "soon"):
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args(["serve", "--prefill-gap", bad])
+        assert done.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("tokenbelt serve: error: argument --prefill-gap: "), lines
+    assert build_parser().parse_args(["serve", "--prefill-gap", "0"]).prefill_gap == 0.0
+    assert build_parser().parse_args(["serve"]).prefill_gap == DEFAULT_PREFILL_GAP
+    for value in (-0.5, float("nan"), YEAR_S * 2):
+        with pytest.raises(InvalidArgument, match="prefill_gap must be a number from 0"):
+            _runtime(prefill_gap=value)
+    with Runtime(prefill_gap=0) as runtime:
+        assert runtime.prefill_gap == 0.0

@@ -238,6 +238,39 @@ def test_running_streams_keep_producing_through_a_long_prefill(model: Model) -> 
     assert max(gaps) < prefill_s, (gaps, prefill_s)
 
 
+@pytest.mark.parametrize(("gap", "chunk"), [(0.0, 32), (60.0, 510)])
+def test_a_long_prompt_beside_a_running_stream_takes_what_the_gap_fits(
+    gap: float, chunk: int
+) -> None:
+    # 512-token batches, 2 slots: with room for 60 s, a step takes the whole prompt.
+    rt = Runtime(
+        slots=2, keep_alive=None, n_ctx=1024, prefill_chunk=32, prefill_gap=gap, prefix_cache=False
+    )
+    try:
+        model = rt.load(str(default_model_path()))
+        engine = engine_of(model)
+        model.complete(prompt=long_text(300), max_tokens=1)  # alone: times the prompt rate
+        assert engine.prompt_chunk() == chunk
+        running = model.stream(SEA, max_tokens=1000, **GREEDY)
+        reader = read_all(running)
+        try:
+            wait_until(lambda: running.trace.completion_tokens >= 2, "decode")
+            before = engine.statistics().steps
+            long = model.stream(prompt=long_text(400), max_tokens=1, **GREEDY)
+            long.read()
+            steps = engine.statistics().steps - before
+        finally:
+            running.cancel()
+            reader.join(NET)
+    finally:
+        rt.close()
+    assert long.trace.prompt_tokens >= 400
+    if gap:
+        assert steps <= 6, steps  # the prompt in one step, beside the stream's own steps
+    else:
+        assert steps >= 400 // 31, steps  # 31 prompt tokens and the stream's token a step
+
+
 def test_prefix_cache_reuses_a_shared_system_prompt(model: Model) -> None:
     system = "You answer questions about this text. " + long_text(500)
     first = model.stream(

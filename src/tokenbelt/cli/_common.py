@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from .._defaults import DEFAULT_PREFILL_GAP
 from .._errors import InvalidArgument
 from ..belt import check, check_capacity, check_duration, check_keep_alive
 
@@ -217,8 +218,8 @@ def add_isolation_options(
 
 
 def add_thread_options(p: argparse.ArgumentParser) -> None:
-    """``--threads``, ``--threads-batch`` and ``--prefill-chunk``, shared by the commands
-    that load a model."""
+    """``--threads``, ``--threads-batch``, ``--prefill-chunk`` and ``--prefill-gap``,
+    shared by the commands that load a model."""
     p.add_argument(
         "--threads",
         type=thread_count,
@@ -236,6 +237,14 @@ def add_thread_options(p: argparse.ArgumentParser) -> None:
         type=counted("prefill_chunk"),
         default=128,
         help="most prompt tokens per batched step while others decode (default 128)",
+    )
+    p.add_argument(
+        "--prefill-gap",
+        type=duration,
+        default=DEFAULT_PREFILL_GAP,
+        metavar="SECONDS",
+        help="how long one batched step's prompt tokens may take while others decode, by "
+        f"the engine's own timing (default {DEFAULT_PREFILL_GAP:g}; 0: exactly --prefill-chunk)",
     )
 
 

@@ -479,6 +479,7 @@ def _runtime(args: argparse.Namespace) -> Runtime:
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
         prefill_chunk=args.prefill_chunk,
+        prefill_gap=args.prefill_gap,
         isolation=args.isolation,
         stop_grace=args.stop_grace,
         memory_budget=default_budget() if budget is None else budget or None,

@@ -10,7 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._defaults import DEFAULT_CAPACITY, DEFAULT_DRAFT_TOKENS, DEFAULT_QUEUE_SIZE, DEFAULT_SLOTS
+from .._defaults import (
+    DEFAULT_CAPACITY,
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_PREFILL_GAP,
+    DEFAULT_QUEUE_SIZE,
+    DEFAULT_SLOTS,
+)
 from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
 from ..belt import (
     RANGES,
@@ -68,9 +74,11 @@ class Runtime:
     ``limits`` (deadlines) and ``keep_alive`` (seconds idle before a model is
     unloaded; ``None`` keeps it). ``n_threads`` and ``n_threads_batch`` are
     llama.cpp's decode and prompt thread counts (``None``: every core this process
-    may use, for both). ``prefill_chunk`` is the most prompt tokens one batched step
-    takes while other sequences decode (smaller: smoother running streams, slower
-    first token for a long new prompt). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
+    may use, for both). ``prefill_gap`` is how long (seconds) one batched step's
+    prompt tokens may take while other sequences decode, by the engine's own timing,
+    and ``prefill_chunk`` the fewest prompt tokens such a step takes (smaller: smoother
+    running streams, a later first token for a long new prompt; ``prefill_gap=0``:
+    exactly ``prefill_chunk`` tokens). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
     a chat template and a short turn) and at most what the model was trained on, unless
     ``force_n_ctx``. ``kv_type`` is the KV cache's element type: ``"f16"`` or
     ``"q8_0"`` (about half the cache's memory; it turns on llama.cpp's flash
@@ -110,6 +118,7 @@ class Runtime:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         prefill_chunk: int = 128,
+        prefill_gap: float = DEFAULT_PREFILL_GAP,
         prefix_cache: bool = True,
         isolation: str = "thread",
         stop_grace: float = DEFAULT_STOP_GRACE,
@@ -147,6 +156,7 @@ class Runtime:
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
         self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
+        self.prefill_gap = float(check_duration("prefill_gap", prefill_gap) or 0.0)
         self.prefix_cache = prefix_cache
         #: where prefix caches outlive an unload (None: they do not), within this many bytes
         self.prefix_cache_dir = Path(prefix_cache_dir) if prefix_cache_dir is not None else None
@@ -393,6 +403,7 @@ class Runtime:
             threads=self.n_threads or threads,
             threads_batch=self.n_threads_batch or threads_batch,
             prefill_chunk=self.prefill_chunk,
+            prefill_gap=self.prefill_gap,
             kv_type=self.kv_type,
         )
 
@@ -404,6 +415,7 @@ class Runtime:
             "n_threads_batch": self.n_threads_batch,
             "n_gpu_layers": info.get("n_gpu_layers", 0),
             "prefill_chunk": self.prefill_chunk,
+            "prefill_gap": self.prefill_gap,
             "cache_entries": 8 if self.prefix_cache else 0,
             "name": name,
             "force_n_ctx": self.force_n_ctx,

@@ -5,9 +5,11 @@ One engine thread runs the loop. Each step builds one ``llama_batch`` from
 - one decode token for every running sequence whose belt has room: a full belt
   leaves its sequence out of the step (a slow reader pauses only its own stream
   and costs no compute) and asks to be woken when a read makes room;
-- prompt chunks of admitted sequences, up to ``prefill_chunk`` tokens per step
-  while any sequence is decoding (so a long new prompt does not freeze running
-  streams), or up to ``n_batch`` when none is (the fastest first token).
+- prompt chunks of admitted sequences: while any sequence is decoding, as many
+  tokens as this engine's measured prompt rate fits in ``prefill_gap`` seconds (at
+  least ``prefill_chunk``), so a long new prompt pauses running streams for about
+  that long a step rather than for its whole prefill; up to ``n_batch`` when none
+  is (the fastest first token).
 
 Where a stop lands, per sequence:
 
@@ -65,7 +67,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ..._defaults import DEFAULT_DRAFT_TOKENS
+from ..._defaults import DEFAULT_DRAFT_TOKENS, DEFAULT_PREFILL_GAP
 from ..._errors import (
     Cancelled,
     DecodeError,
@@ -134,6 +136,9 @@ _MAX_PEERS = 32
 _MAX_TOKENIZED = 256
 #: seconds a step may run on after a stop landed in it before the stop watch aborts it
 STOP_ABORT_AFTER_S = 0.03
+#: steps with at least this many tokens time the prompt rate (smaller ones are mostly
+#: fixed costs)
+_PROMPT_TIMED_TOKENS = 64
 #: steps of at most this many tokens are timed per size (a forced marker's step, a
 #: drafted step: ``draft_tokens`` is at most 64)
 _TIMED_STEP_TOKENS = 64
@@ -350,6 +355,7 @@ class BatchEngine:
         n_gpu_layers: int = 0,
         n_batch: int = 512,
         prefill_chunk: int = 128,
+        prefill_gap: float = DEFAULT_PREFILL_GAP,
         cache_entries: int = 8,
         cache_tokens: int = 4096,
         name: str | None = None,
@@ -392,6 +398,9 @@ class BatchEngine:
         self.context_length = n_ctx
         self.n_batch = max(n_batch, self.slots + 1)
         self.prefill_chunk = max(1, min(prefill_chunk, self.n_batch - self.slots))
+        #: seconds a step's prompt tokens may take while others decode (0: exactly
+        #: ``prefill_chunk`` tokens)
+        self.prefill_gap = float(check_duration("prefill_gap", prefill_gap) or 0.0)
         self.cache_entries = max(0, cache_entries)
         self.cache_tokens = max(0, cache_tokens) if self.cache_entries else 0
         after = check_duration("stop_abort_after", stop_abort_after, allow_zero=True)
@@ -565,6 +574,8 @@ class BatchEngine:
         self._last_peers: list[_Seq] = []
         #: seconds a step of n tokens took (moving average, n <= _TIMED_STEP_TOKENS)
         self._step_costs: dict[int, float] = {}
+        #: seconds a prompt token costs in a big step (moving average; None: not timed yet)
+        self._prompt_cost: float | None = None
         #: when the step in flight is expected to end (monotonic; under ``_lock``)
         self._step_ends = 0.0
         self._drop_cache = False
@@ -1113,7 +1124,7 @@ class BatchEngine:
             add(seq, k, draft)
         plain = n - sum(len(seq.draft) for seq in stepping)
         # Drafts do not take the prompts' share of a step, only the batch's room.
-        budget = min((self.prefill_chunk if decoding else self.n_batch) - plain, self.n_batch - n)
+        budget = min((self.prompt_chunk() if decoding else self.n_batch) - plain, self.n_batch - n)
         for seq in active:
             if seq.decoding or budget <= 0:
                 continue
@@ -1125,6 +1136,16 @@ class BatchEngine:
             budget -= k
         b.n_tokens = n
         return rows, n
+
+    def prompt_chunk(self) -> int:
+        """The most tokens a step carries while sequences decode: what the measured
+        prompt rate fits in ``prefill_gap``, at least ``prefill_chunk``, at most a batch
+        with a row for every slot."""
+        chunk = self.prefill_chunk
+        cost = self._prompt_cost
+        if self.prefill_gap > 0 and cost is not None and cost > 0:
+            chunk = max(chunk, int(self.prefill_gap / cost))
+        return min(chunk, self.n_batch - self.slots)
 
     def _draft_for(self, seq: _Seq, batch: int, spare: int) -> list[int] | None:
         """The draft to verify with the sequence's pending token in a step of ``batch``
@@ -1221,6 +1242,9 @@ class BatchEngine:
             if n_tokens <= _TIMED_STEP_TOKENS:  # small steps: what a forced marker costs
                 old = self._step_costs.get(n_tokens)
                 self._step_costs[n_tokens] = took if old is None else 0.8 * old + 0.2 * took
+            if kind == "prefill" and n_tokens >= _PROMPT_TIMED_TOKENS:
+                per, old_per = took / n_tokens, self._prompt_cost
+                self._prompt_cost = per if old_per is None else 0.8 * old_per + 0.2 * per
         with self._cond:
             self._in_flight = []
             self._in_flight_prefill = set()
