@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import anyio
+import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from ...belt import EndReason
@@ -42,8 +43,9 @@ def reader_gone(stream: Stream) -> Stop:
 
 def sse(event: object) -> bytes:
     """One server-sent event: ``data: {json}`` (a string is sent as it is)."""
-    data = event if isinstance(event, str) else compact_json(event)
-    return f"data: {data}\n\n".encode()
+    if isinstance(event, str):
+        return f"data: {event}\n\n".encode()
+    return b"data: " + orjson.dumps(event, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
 
 
 def named_sse(name: str, data: object) -> bytes:
@@ -130,10 +132,11 @@ class EventStreamResponse:
         last = time.monotonic()  # of the last write
 
         async def timed_send(message: Message) -> None:
-            with anyio.move_on_after(self.reader_timeout) as waited:
-                await send(message)
-            if waited.cancelled_caught:
-                raise _ReaderGone
+            try:
+                async with asyncio.timeout(self.reader_timeout):
+                    await send(message)
+            except TimeoutError:
+                raise _ReaderGone from None
 
         async def write(group: anyio.abc.TaskGroup) -> None:
             nonlocal last
