@@ -236,7 +236,8 @@ def add_thread_options(p: argparse.ArgumentParser) -> None:
         "--prefill-chunk",
         type=counted("prefill_chunk"),
         default=128,
-        help="most prompt tokens per batched step while others decode (default 128)",
+        help="fewest prompt tokens per batched step while others decode, more as "
+        "--prefill-gap allows (default 128)",
     )
     p.add_argument(
         "--prefill-gap",
