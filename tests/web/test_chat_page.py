@@ -91,7 +91,9 @@ def test_stop_button_cancels_at_the_server_and_releases_within_100_ms(
 
     The measured figures are written to ``test-artifacts/web-stop.json``.
     """
-    _settings(page, max_tokens="4000")
+    # Greedy: the default model's greedy reply runs to the 4,000 tokens; a sampled one may
+    # end on its own after a few hundred, before a busy machine gets to the click.
+    _settings(page, max_tokens="4000", temperature="0")
     _send_and_wait_for_text(page, LONG_PROMPT)
     reply = _last_reply(page)
     expect(reply.get_by_test_id("live-ttft")).to_have_text(re.compile(r"\d+(\.\d)? ms"))
@@ -142,7 +144,7 @@ def test_stop_button_cancels_at_the_server_and_releases_within_100_ms(
 
 def test_escape_stops_the_reply(page: Page, server_url: str) -> None:
     """Esc is the keyboard's Stop: same cancel call, same ``user_cancel`` at the server."""
-    _settings(page, max_tokens="4000")
+    _settings(page, max_tokens="4000", temperature="0")  # greedy: it runs to 4,000 tokens
     page.focus("#prompt")
     _send_and_wait_for_text(page, LONG_PROMPT, chars=20)
     page.keyboard.press("Escape")

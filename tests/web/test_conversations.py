@@ -375,7 +375,8 @@ def test_nothing_overflows_and_the_composer_sits_at_the_bottom(
 
 def test_stop_still_records_user_cancel(sized_page: Page, server_url: str) -> None:
     page = sized_page
-    _settings(page, **{"max-tokens": "4000"})
+    # greedy: the reply runs to 4,000 tokens, a sampled one may end before the click
+    _settings(page, **{"max-tokens": "4000", "temperature": "0"})
     page.fill("#prompt", LONG_PROMPT)
     page.press("#prompt", "Enter")
     page.wait_for_function(
