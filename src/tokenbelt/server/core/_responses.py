@@ -19,7 +19,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ...belt import EndReason
 from ...runtime import Stream
-from ._errors import compact_json
 from ._h11 import ABORT_EXTENSION
 
 #: what a response calls when its client goes away (and whenever it ends, to be sure)
@@ -41,21 +40,28 @@ def reader_gone(stream: Stream) -> Stop:
     return partial(stream.cancel, EndReason.READER_TIMEOUT)
 
 
+def event_json(value: object) -> bytes:
+    """One streamed event's JSON, compact (orjson: a few times faster than ``json`` on a
+    token's chunk, which every dialect writes once a token; text as UTF-8, a non-finite
+    number as ``null``)."""
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+
+
 def sse(event: object) -> bytes:
     """One server-sent event: ``data: {json}`` (a string is sent as it is)."""
     if isinstance(event, str):
         return f"data: {event}\n\n".encode()
-    return b"data: " + orjson.dumps(event, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
+    return b"data: " + event_json(event) + b"\n\n"
 
 
 def named_sse(name: str, data: object) -> bytes:
     """One named server-sent event: ``event: <name>`` and ``data: {json}``."""
-    return f"event: {name}\ndata: {compact_json(data)}\n\n".encode()
+    return b"event: " + name.encode() + b"\ndata: " + event_json(data) + b"\n\n"
 
 
 def ndjson(event: object) -> bytes:
     """One JSON object on one line."""
-    return (compact_json(event) + "\n").encode()
+    return event_json(event) + b"\n"
 
 
 async def _listen_for_disconnect(receive: Receive, stop: Stop, scope: anyio.CancelScope) -> None:
