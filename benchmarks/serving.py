@@ -57,12 +57,12 @@ from tokenbelt.engines import load_vocab
 from tokenbelt.models import default_model_path
 
 SIDES = ("process", "thread", "llama-server")
-#: words for prompts of a chosen length
 #: a concurrency runs in waves until this many requests were timed (4 waves of 1, 2 of 2)
 WAVE_REQUESTS = 4
 #: every request on a connection of its own, on both sides (llama-server drops a
 #: kept-alive connection after a streamed answer now and then: the next request fails)
 FRESH = httpx.Limits(max_connections=64, max_keepalive_connections=0)
+#: words for prompts of a chosen length
 WORDS = ("the", "sea", "is", "wide", "and", "deep", "blue", "under", "a", "grey", "sky")
 
 

@@ -182,6 +182,11 @@ class KeptPrompts:
         return kept[1] if kept is not None and kept[0] is request else None
 
 
+def _moving(average: float | None, sample: float) -> float:
+    """A step timing's moving average: the first sample, then a fifth of each new one."""
+    return sample if average is None else 0.8 * average + 0.2 * sample
+
+
 class _Seq:
     """One admitted request: its tokens, its place in the KV cache, its sampler."""
 
@@ -1240,11 +1245,9 @@ class BatchEngine:
             if self._tuner is not None:
                 self._tuner.record(kind, threads, took, n_tokens)
             if n_tokens <= _TIMED_STEP_TOKENS:  # small steps: what a forced marker costs
-                old = self._step_costs.get(n_tokens)
-                self._step_costs[n_tokens] = took if old is None else 0.8 * old + 0.2 * took
+                self._step_costs[n_tokens] = _moving(self._step_costs.get(n_tokens), took)
             if kind == "prefill" and n_tokens >= _PROMPT_TIMED_TOKENS:
-                per, old_per = took / n_tokens, self._prompt_cost
-                self._prompt_cost = per if old_per is None else 0.8 * old_per + 0.2 * per
+                self._prompt_cost = _moving(self._prompt_cost, took / n_tokens)
         with self._cond:
             self._in_flight = []
             self._in_flight_prefill = set()
