@@ -114,6 +114,51 @@ def test_the_prefix_cache_reuses_a_shared_prompt_prefix(engine: BatchEngine) -> 
     assert after.prefix_cached_tokens - before.prefix_cached_tokens == second.trace.cached_tokens
 
 
+def test_a_stopped_request_leaves_what_it_computed_to_the_prefix_cache(
+    engine: BatchEngine,
+) -> None:
+    """Stopped after its first tokens, a request keeps its prompt's (and those tokens')
+    cells: the same prompt again computes only its last token (before, a stop freed
+    them, and a Stop in a chat cost the next turn its whole prompt)."""
+    engine.clear_prefix_cache()
+    messages: list[Message] = [
+        {"role": "system", "content": "Stopped early. " + long_text(250)},
+        {"role": "user", "content": "Go on."},
+    ]
+    stopped = start(engine, GenerationRequest.chat(messages, greedy(400)))
+    poll(lambda: stopped.trace.completion_tokens >= 3, "the first tokens")
+    assert stopped.cancel(EndReason.USER_CANCEL)
+    assert stopped.wait_released(NET)
+    assert stopped.end_reason is EndReason.USER_CANCEL
+    again = start(engine, GenerationRequest.chat(messages, greedy(2)))
+    "".join(again)
+    assert again.wait_released(NET)
+    assert again.trace.prompt_tokens == stopped.trace.prompt_tokens > 250
+    # Every prompt token but the last (its logits are computed again) came from the cache.
+    assert again.trace.cached_tokens == again.trace.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("cache_entries", [8, 0])
+def test_the_first_chat_request_after_a_load_starts_from_the_template_head(
+    cache_entries: int,
+) -> None:
+    """The load's warm-up step computes the chat template's head (the default model's:
+    its default system prompt) and caches it, so a first question computes only its
+    own tokens; with the prefix cache off, nothing is kept and all of it is computed."""
+    fresh = BatchEngine(default_model_path(), slots=1, n_ctx=512, cache_entries=cache_entries)
+    try:
+        assert fresh.statistics().cache_entries == min(cache_entries, 1)
+        belt = start(fresh, GenerationRequest.chat(SEA, greedy(2)))
+        "".join(belt)
+        assert belt.wait_released(NET)
+    finally:
+        fresh.close()
+    if cache_entries:
+        assert 10 < belt.trace.cached_tokens < belt.trace.prompt_tokens - 5
+    else:
+        assert belt.trace.cached_tokens == 0
+
+
 def test_a_paused_reader_pauses_only_its_own_sequence(engine: BatchEngine) -> None:
     """Nobody reads the first belt: its sequence stops at the belt's capacity while the
     other runs to its end beside it; reading again resumes it."""

@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 QUESTION = "What colour is the sea in this text?"
 
 
+#: a prompt with a system text of its own shares its first few tokens ("<|im_start|>system")
+#: with the chat template's head that each load computes and caches (the warm-up): a
+#: prompt that got no more than that from the cache was computed cold
+TEMPLATE_START = 8
+
+
 def conversation(words: int, *turns: str, lead: str = "") -> list[Message]:
     """A long system text (after ``lead``), then user turns (each answered "Blue." but
     the last)."""
@@ -106,8 +112,8 @@ def test_the_next_turn_after_a_reload_reuses_the_saved_prefix(tmp_path: Path) ->
         engine.close()
     assert restored.restored_entries == 1
     assert restored.restored_tokens > 1000
-    assert restored.cache_entries == 1
-    assert cold.trace.cached_tokens == 0
+    assert restored.cache_entries == 2  # and the chat template's head, computed at load
+    assert cold.trace.cached_tokens < TEMPLATE_START
     assert warm.trace.cached_tokens > 1000
     assert warm.trace.cached_tokens < warm.trace.prompt_tokens
     assert after.prefix_hits == 1
@@ -137,7 +143,7 @@ def test_restored_cells_give_the_greedy_text_of_a_cold_computation(tmp_path: Pat
     finally:
         off.close()
     assert warm.trace.cached_tokens > 200
-    assert cold.trace.cached_tokens == 0
+    assert cold.trace.cached_tokens < TEMPLATE_START
     assert warm.text == cold.text
 
 
@@ -150,7 +156,7 @@ def test_another_kv_type_restores_nothing_and_removes_the_stale_set(tmp_path: Pa
     try:
         assert engine.statistics().restored_entries == 0
         assert not f16_set.exists()
-        assert ask(engine, short).trace.cached_tokens == 0
+        assert ask(engine, short).trace.cached_tokens < TEMPLATE_START
     finally:
         engine.close()
     (q8_set,) = sets(tmp_path)
@@ -171,7 +177,7 @@ def test_a_changed_model_file_restores_nothing_and_removes_the_stale_set(tmp_pat
     try:
         assert engine.statistics().restored_entries == 0
         assert not old.exists()
-        assert ask(engine, short).trace.cached_tokens == 0
+        assert ask(engine, short).trace.cached_tokens < TEMPLATE_START
     finally:
         engine.close()
 
@@ -279,7 +285,8 @@ def test_a_process_runtime_reuses_the_prefix_after_an_unload(tmp_path: Path) -> 
         keep_alive=None, n_ctx=2048, slots=1, isolation="process", prefix_cache_dir=tmp_path
     ) as rt:
         model = rt.load(str(default_model_path()))
-        assert model.complete(first, max_tokens=4, temperature=0.0).trace.cached_tokens == 0
+        cold = model.complete(first, max_tokens=4, temperature=0.0)
+        assert cold.trace.cached_tokens < TEMPLATE_START
         rt.unload(model.name)
         started = time.monotonic()
         model = rt.load(str(default_model_path()))
