@@ -206,6 +206,35 @@ def test_real_model_disconnect_in_decode(serve: ServeFactory) -> None:
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_what_a_client_that_left_computed_serves_its_retry(
+    serve: ServeFactory, isolation: str
+) -> None:
+    """The cells a disconnected request computed stay in the prefix cache (in the worker
+    too): the same request again computes only its prompt's last token."""
+    served = serve(real_runtime(isolation=isolation))
+    body = chat_body(
+        "Tell me about the sea, the ships and the " + " ".join(words(60)),
+        max_tokens=2000,
+        temperature=0.0,
+        stream=True,
+    )
+    with RawClient(served.url) as client:
+        client.send(CHAT, body)
+        client.read_head()
+        client.read_until(b"data: ")
+        trace = served.recorder.nth(0)
+    assert_disconnected(served, trace.request_id)
+    again = plainhttp.post(
+        f"{served.url}{CHAT}", json={**body, "stream": False, "max_tokens": 2}, timeout=NET
+    )
+    assert again.status_code == 200, again.text
+    usage = again.json()["usage"]
+    assert usage["prompt_tokens"] == trace.prompt_tokens > 60
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+
+@pytest.mark.model
 def test_the_event_loop_answers_during_a_long_real_prefill(serve: ServeFactory) -> None:
     served = serve(real_runtime())
     with RawClient(served.url) as client, httpx.Client(timeout=NET) as other:
