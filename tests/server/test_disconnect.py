@@ -8,12 +8,14 @@ server's record), that the release is recorded and that the engine is idle at th
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import pytest
 
 import plainhttp
 from tokenbelt import EndReason, ScriptedEngine
+from tokenbelt.belt import Trace
 
 from .conftest import (
     CHAT,
@@ -49,6 +51,18 @@ def assert_disconnected(served: Served, request_id: str) -> None:
     assert timeline["cancel_requested"] is not None
     assert timeline["released"] is not None
     assert body["cancel_to_release_ms"] is not None
+
+
+def leave_after_the_first_event(served: Served, body: dict[str, Any]) -> Trace:
+    """Stream ``body`` from a raw socket closed after the first event; the request's
+    trace, once its disconnect is recorded and released."""
+    with RawClient(served.url) as client:
+        client.send(CHAT, body)
+        client.read_head()
+        client.read_until(b"data: ")
+        trace = served.recorder.nth(0)
+    assert_disconnected(served, trace.request_id)
+    return trace
 
 
 # -- scripted engine: every phase, streaming and not --------------------------------------------
@@ -196,12 +210,7 @@ def test_real_model_disconnect_in_decode(serve: ServeFactory) -> None:
     served = serve(real_runtime())
     # Greedy, and no end of generation for well over a hundred tokens on this model.
     body = chat_body("Tell me about the sea.", max_tokens=2000, temperature=0.0, stream=True)
-    with RawClient(served.url) as client:
-        client.send(CHAT, body)
-        client.read_head()
-        client.read_until(b"data: ")
-        trace = served.recorder.nth(0)
-    assert_disconnected(served, trace.request_id)
+    trace = leave_after_the_first_event(served, body)
     assert 0 < trace.completion_tokens < 2000
 
 
@@ -219,12 +228,7 @@ def test_what_a_client_that_left_computed_serves_its_retry(
         temperature=0.0,
         stream=True,
     )
-    with RawClient(served.url) as client:
-        client.send(CHAT, body)
-        client.read_head()
-        client.read_until(b"data: ")
-        trace = served.recorder.nth(0)
-    assert_disconnected(served, trace.request_id)
+    trace = leave_after_the_first_event(served, body)
     again = plainhttp.post(
         f"{served.url}{CHAT}", json={**body, "stream": False, "max_tokens": 2}, timeout=NET
     )
