@@ -159,6 +159,27 @@ def test_the_first_chat_request_after_a_load_starts_from_the_template_head(
         assert belt.trace.cached_tokens == 0
 
 
+def test_cache_entries_hold_no_cells_of_the_kv_cache(engine: BatchEngine) -> None:
+    """Entries are kept in memory, not as cells: cells kept for later would make every
+    row of every step look at them. Once a request is cached and nothing runs, no
+    sequence holds a cell; the next request with that prompt still reuses it."""
+    messages: list[Message] = [
+        {"role": "system", "content": "Kept aside. " + long_text(200)},
+        {"role": "user", "content": "Why?"},
+    ]
+    first = start(engine, GenerationRequest.chat(messages, greedy(3)))
+    "".join(first)
+    assert first.wait_released(NET)
+    assert engine.statistics().cache_entries >= 1
+    lib, memory = engine._lib, engine._mem
+    held = [i for i in range(engine.n_seq_max) if lib.llama_memory_seq_pos_max(memory, i) >= 0]
+    assert held == []
+    again = start(engine, GenerationRequest.chat(messages, greedy(3)))
+    "".join(again)
+    assert again.wait_released(NET)
+    assert again.trace.cached_tokens == again.trace.prompt_tokens - 1
+
+
 def test_a_paused_reader_pauses_only_its_own_sequence(engine: BatchEngine) -> None:
     """Nobody reads the first belt: its sequence stops at the belt's capacity while the
     other runs to its end beside it; reading again resumes it."""

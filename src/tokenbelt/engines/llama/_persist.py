@@ -237,18 +237,19 @@ class PrefixStore:
 
     # -- save --------------------------------------------------------------------------------
 
-    def save(self, lib: Any, ctx: Any, entries: list[tuple[int, list[int]]]) -> tuple[int, int]:
-        """Write ``entries`` (sequence id, tokens; most recently used first) while they
-        fit in the budget, replacing the set saved before; then prune other sets to
-        the budget. An entry whose tokens start a more recent one's is left out (the
-        other serves every prompt it would). Returns (entries written, bytes on disk)."""
+    def save(self, entries: list[tuple[list[int], Any]]) -> tuple[int, int]:
+        """Write ``entries`` (tokens, their cells' state from ``llama_state_seq_get_data``;
+        most recently used first) while they fit in the budget, replacing the set saved
+        before; then prune other sets to the budget. An entry whose tokens start a more
+        recent one's is left out (the other serves every prompt it would). Returns
+        (entries written, bytes on disk)."""
         try:
-            return self._save(lib, ctx, entries)
+            return self._save(entries)
         except OSError as exc:
             logger.warning("prefix cache %s: not saved: %s", self.dir, exc)
             return 0, 0
 
-    def _save(self, lib: Any, ctx: Any, entries: list[tuple[int, list[int]]]) -> tuple[int, int]:
+    def _save(self, entries: list[tuple[list[int], Any]]) -> tuple[int, int]:
         if not entries and not self.dir.exists():
             return 0, 0  # nothing to write, nothing to replace: no folder is made
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -258,17 +259,13 @@ class PrefixStore:
         used = len(key_bytes)
         written: set[str] = set()
         kept: list[list[int]] = []
-        for seq_id, tokens in entries:
+        for tokens, state in entries:
             if any(tokens == other[: len(tokens)] for other in kept):
                 continue  # a more recent entry holds all of it: it would serve nothing
-            size = int(lib.llama_state_seq_get_size(ctx, seq_id))
+            size = len(state)
             total = _HEADER.size + 4 * len(tokens) + size
             if size == 0 or used + total > self.budget:
                 continue  # a smaller, less recent entry may still fit
-            state = (ctypes.c_uint8 * size)()
-            if int(lib.llama_state_seq_get_data(ctx, state, size, seq_id)) != size:
-                logger.warning("prefix cache: llama.cpp gave no state for sequence %d", seq_id)
-                continue
             raw = array.array("i", tokens).tobytes()
             crc = zlib.crc32(state, zlib.crc32(raw))
             head = _HEADER.pack(_MAGIC, FORMAT, self.digest, len(tokens), size, crc)
