@@ -18,6 +18,7 @@ from .._defaults import (
     SERVE_SLOTS,
     SERVE_TOTAL_TIMEOUT_S,
 )
+from .._heap import freeze_startup_heap
 from ..engines import DEFAULT_PREFIX_CACHE_DISK, DRAFT_MODES, KV_TYPES
 from ..runtime import DEFAULT_ALIAS
 from ..runtime._memory import DEFAULT_SHARE
@@ -572,6 +573,7 @@ def main(args: argparse.Namespace) -> int:
     app.state.tokenbelt.on_ready = lambda model: logger.info(
         "ready: %s", startup_line(model, runtime, url)
     )
+    freeze_startup_heap()
     server.run(sockets=[sock])
     logger.info("shutdown: stopped")
     return 0

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from ..._errors import Cancelled, IllegalState, TokenbeltError
+from ..._heap import freeze_startup_heap
 from ...belt import EndReason, Producer, Trace
 from .._statistics import BatchStatistics
 from ..llama import BatchEngine
@@ -435,6 +436,7 @@ def main(argv: list[str]) -> int:
     worker = _Worker(link, engine, crash)
     link.stats = engine.statistics
     engine.around_sampling(link.held)
+    freeze_startup_heap()
     link.send(Ready(_info(engine)))
     try:
         worker.serve()
