@@ -632,8 +632,7 @@ class BatchEngine:
         if kept:
             self._keep(seq_id, tokens)
             self._head = tokens  # computed again at each load: never saved
-        lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-        self._free_ids.append(seq_id)
+        self._free(seq_id)
 
     def _template_head(self) -> list[int]:
         """The tokens every chat prompt of this model starts with when it brings no
@@ -1535,10 +1534,9 @@ class BatchEngine:
         seq.think_until = seq.think_timer = None
         if seq.lookup is not None:
             seq.producer.count_draft(seq.lookup.drafted, seq.lookup.accepted)
+        if seq.draft or seq.lookup is not None:
+            self._drop_draft(seq)  # a cache entry holds its verified tokens only
         held, seq.id = seq.id, -1
-        if held >= 0 and (seq.draft or seq.lookup is not None):
-            seq.draft = []  # a cache entry holds its verified tokens only
-            self._lib.llama_memory_seq_rm(self._mem, held, seq.n_past, -1)
         if seq.producer.end_reason is None:  # pragma: no cover - every path ends it first
             seq.producer.cancel(EndReason.SHUTDOWN)
         with self._cond:
@@ -1550,8 +1548,7 @@ class BatchEngine:
             if held >= 0:
                 if cache and self.cache_entries and 0 < seq.n_past <= self.cache_tokens:
                     self._keep(held, seq.tokens[: seq.n_past])
-                self._lib.llama_memory_seq_rm(self._mem, held, -1, -1)
-                self._free_ids.append(held)
+                self._free(held)
 
     # -- prefix cache ------------------------------------------------------------------------
 
@@ -1567,6 +1564,11 @@ class BatchEngine:
         if size == 0 or int(lib.llama_state_seq_get_data(ctx, state, size, seq_id)) != size:
             logger.warning("%s: llama.cpp gave no state for a prefix-cache entry", self.name)
             return
+        self._add_entry(tokens, state)
+
+    def _add_entry(self, tokens: list[int], state: Any) -> None:
+        """A cache entry, the most recently used; the least recently used go past the
+        limits."""
         self._cache.append(_CacheEntry(tokens, state))  # the most recently used: last
         while len(self._cache) > self.cache_entries or (
             sum(len(e.tokens) for e in self._cache) > self.cache_tokens
@@ -1589,6 +1591,11 @@ class BatchEngine:
     def _evict(self, entry: _CacheEntry) -> None:
         self._cache.remove(entry)
 
+    def _free(self, seq_id: int) -> None:
+        """Free sequence ``seq_id``'s cells and the id."""
+        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        self._free_ids.append(seq_id)
+
     def _restore(self) -> None:
         """The loop's first job, before the warm-up: the entries saved at the last close
         of this model become cache entries (most recently used last, as ``_cache`` is)."""
@@ -1604,10 +1611,10 @@ class BatchEngine:
             max_tokens=self.cache_tokens,
             n_vocab=self._n_vocab,
         )
-        for entry in reversed(restored):  # into memory, as every entry is held
-            self._keep(entry.seq_id, entry.tokens)
-            self._lib.llama_memory_seq_rm(self._mem, entry.seq_id, -1, -1)
-            self._free_ids.append(entry.seq_id)
+        for entry in reversed(restored):
+            # Held in memory as every entry is: the state llama.cpp just took, as read.
+            self._add_entry(entry.tokens, entry.state)
+            self._free(entry.seq_id)
         self._restored = (len(restored), sum(len(e.tokens) for e in restored))
         if restored:
             logger.info(

@@ -117,10 +117,12 @@ class _BadEntry(Exception):
 
 @dataclass(frozen=True)
 class Restored:
-    """One entry read back: its sequence id and tokens."""
+    """One entry read back: the sequence id it was checked in, its tokens and the state
+    llama.cpp took (``llama_state_seq_get_data``'s bytes, as saved)."""
 
     seq_id: int
     tokens: list[int]
+    state: Any
 
 
 class PrefixStore:
@@ -176,7 +178,7 @@ class PrefixStore:
                 give_id(seq_id)
                 self._reject(file, "llama.cpp did not accept its state")
                 continue
-            restored.append(Restored(seq_id, tokens))
+            restored.append(Restored(seq_id, tokens, state))
             used += len(tokens)
         if restored:
             self._touch()
