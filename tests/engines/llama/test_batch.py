@@ -8,6 +8,7 @@ scheduler hands it over; the test reads (or does not read) the belt itself.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -326,3 +327,41 @@ def test_a_stop_in_a_long_step_beside_another_stream_aborts_that_step() -> None:
     finally:
         slow.clear()
         batch.close()
+
+
+class _CountingLib:
+    """The binding with its ``llama_set_n_threads`` calls counted."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        self.set_calls: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def llama_set_n_threads(self, ctx: Any, threads: int, threads_batch: int) -> None:
+        self.set_calls.append(threads)
+        self._lib.llama_set_n_threads(ctx, threads, threads_batch)
+
+
+def test_the_thread_count_is_given_to_llama_cpp_only_when_it_changes(
+    engine: BatchEngine,
+) -> None:
+    """Each ``llama_set_n_threads`` logs a line through the binding's Python callback
+    (about 35 us a step): the loop calls it when the tuner's choice changes, not each
+    step, and the context still runs with the count the tuner chose."""
+    lib = _CountingLib(engine._lib)
+    engine._lib = lib
+    try:
+        sampling = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+        belt = start(engine, GenerationRequest.chat(SEA, sampling))
+        assert "".join(belt)
+        assert belt.wait_released(NET)
+    finally:
+        engine._lib = lib._lib
+    steps = belt.trace.completion_tokens
+    assert steps == 64
+    calls = lib.set_calls
+    assert all(a != b for a, b in itertools.pairwise(calls))  # only changes
+    assert len(lib.set_calls) <= 2 + 2 * steps // 16  # exploring: there and back
+    assert engine._lib.llama_n_threads(engine._ctx.ctx) == engine.threads

@@ -123,6 +123,7 @@ from ._threads import (
     ThreadTuner,
     check_threads,
     default_threads,
+    set_threads,
     system_load,
     thread_candidates,
     usable_cores,
@@ -519,6 +520,7 @@ class BatchEngine:
             self._ctx: Any = _internals.LlamaContext(
                 model=self._model, params=cparams, verbose=True
             )
+            self._ctx_threads = 0  # the count the tuner last gave it (0: none yet)
         except InvalidArgument:
             raise
         except (ValueError, RuntimeError, OSError) as exc:
@@ -1286,7 +1288,7 @@ class BatchEngine:
         threads = 0
         if self._tuner is not None:
             threads = self._tuner.choose(kind)
-            lib.llama_set_n_threads(self._ctx.ctx, threads, threads)
+            self._ctx_threads = set_threads(lib, self._ctx.ctx, threads, self._ctx_threads)
         started = time.perf_counter()
         ret = lib.llama_decode(self._ctx.ctx, self._batch)
         took = time.perf_counter() - started

@@ -42,7 +42,7 @@ from ...belt import EndReason, Producer
 from .._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest
 from ._binding import flag_abort_callback
 from ._gguf import read_header
-from ._threads import embed_kind
+from ._threads import embed_kind, set_threads
 
 logger = logging.getLogger("tokenbelt.engines.embed")
 
@@ -244,6 +244,7 @@ class Embedder:
         self._jobs: list[EmbedJob] = []
         self._in_flight: list[EmbedJob] = []
         self._ctx: Any = None
+        self._ctx_threads = 0  # the thread count the context was last given
         self._batch: Any = None
         self._mem: Any = None
         self._flag = ctypes.create_string_buffer(2)
@@ -300,6 +301,7 @@ class Embedder:
         cparams.n_threads_batch = self.n_threads
         try:
             self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=True)
+            self._ctx_threads = 0  # as made: the tuner's first choice is set
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not make an embedding context: {exc}") from exc
         self._mem = lib.llama_get_memory(self._ctx.ctx)
@@ -413,7 +415,7 @@ class Embedder:
         kind = embed_kind(self._batch.n_tokens)
         if self._tuner is not None:
             threads = self._tuner.choose(kind)
-            lib.llama_set_n_threads(self._ctx.ctx, threads, threads)
+            self._ctx_threads = set_threads(lib, self._ctx.ctx, threads, self._ctx_threads)
         started = time.perf_counter()
         ret = lib.llama_decode(self._ctx.ctx, self._batch)
         took = time.perf_counter() - started

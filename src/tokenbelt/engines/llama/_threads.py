@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections import deque
+from typing import Any
 
 from ...belt import check
 
@@ -58,6 +59,18 @@ def check_threads(name: str, value: int | None) -> int | None:
     if value is None:
         return None
     return int(check("threads", value, label=name))
+
+
+def set_threads(lib: Any, ctx: Any, threads: int, current: int) -> int:
+    """Give a llama.cpp context ``threads`` for its next step, unless it has them
+    (``current``); returns the count it has now.
+
+    Only on a change: each call logs a line through the binding's log callback, a trip
+    into Python that cost a lone stream about 35 us a step (0.5% of the default model's).
+    """
+    if threads != current:
+        lib.llama_set_n_threads(ctx, threads, threads)
+    return threads
 
 
 def system_load() -> float | None:
