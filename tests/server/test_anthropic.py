@@ -61,6 +61,19 @@ def name(served: Served) -> str:
     return served.model().name
 
 
+def prompt_of(usage: anthropic.types.Usage) -> int:
+    """The whole prompt: what was computed and what the cache gave."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
+def assert_usage(usage: anthropic.types.Usage, trace: Any) -> None:
+    """Anthropic's meaning: ``input_tokens`` is the part not read from the cache."""
+    assert usage.cache_read_input_tokens == trace.cached_tokens
+    assert usage.input_tokens == trace.prompt_tokens - trace.cached_tokens
+    assert usage.cache_creation_input_tokens == 0
+    assert usage.output_tokens == trace.completion_tokens
+
+
 def text_of(message: anthropic.types.Message) -> str:
     (block,) = message.content
     assert block.type == "text"
@@ -81,8 +94,8 @@ def test_messages_create(client: anthropic.Anthropic, served: Served) -> None:
     expected = {EndReason.STOP: "end_turn", EndReason.LENGTH: "max_tokens"}
     assert reply.stop_reason == expected[trace.end_reason or EndReason.RUNTIME_ERROR]
     assert reply.stop_sequence is None
-    assert reply.usage.input_tokens == trace.prompt_tokens > 0
-    assert reply.usage.output_tokens == trace.completion_tokens
+    assert_usage(reply.usage, trace)
+    assert trace.prompt_tokens > 0
     assert 0 < reply.usage.output_tokens <= 12
 
 
@@ -113,8 +126,8 @@ def test_system_as_a_string_or_as_text_blocks(client: anthropic.Anthropic, serve
         timeout=NET,
     ).json()
     # The same prompt three ways: the system text reached the template whole each time.
-    assert as_blocks.usage.input_tokens == as_string.usage.input_tokens
-    assert as_string.usage.input_tokens == openai_style["usage"]["prompt_tokens"]
+    assert prompt_of(as_blocks.usage) == prompt_of(as_string.usage)
+    assert prompt_of(as_string.usage) == openai_style["usage"]["prompt_tokens"]
     assert text_of(as_string)
     assert text_of(as_blocks)
 
@@ -136,8 +149,7 @@ def test_messages_stream(client: anthropic.Anthropic, served: Served) -> None:
     served.assert_released(trace, trace.end_reason or EndReason.RUNTIME_ERROR)
     assert final.id == trace.request_id
     assert final.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[trace.end_reason or ""]
-    assert final.usage.input_tokens == trace.prompt_tokens
-    assert final.usage.output_tokens == trace.completion_tokens
+    assert_usage(final.usage, trace)
 
 
 def test_a_stop_sequence_ends_the_message(client: anthropic.Anthropic, served: Served) -> None:
@@ -372,8 +384,29 @@ def test_count_tokens_is_the_requests_input_tokens(
     for ask in asks:
         counted = client.messages.count_tokens(model=name(served), **ask)
         reply = client.messages.create(model=name(served), max_tokens=4, **ask)
-        assert counted.input_tokens == reply.usage.input_tokens > 0
+        assert counted.input_tokens == prompt_of(reply.usage) > 0
     assert len(served.recorder.enqueued()) == 2  # counting queues nothing
+
+
+def test_a_repeated_prompt_is_reported_as_read_from_the_cache(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    """The second ask of a long conversation computes only its tail: ``usage`` says so
+    the way Anthropic's does, in a whole answer and at a stream's end, and the parts
+    add up to what ``count_tokens`` counts."""
+    system = "You are a sailor who knows every sea. " * 12
+    ask: dict[str, Any] = {"model": name(served), "system": system, "messages": SEA}
+    counted = client.messages.count_tokens(**ask).input_tokens
+    first = client.messages.create(max_tokens=4, extra_body=GREEDY, **ask)
+    second = client.messages.create(max_tokens=4, extra_body=GREEDY, **ask)
+    with client.messages.stream(max_tokens=4, extra_body=GREEDY, **ask) as stream:
+        streamed = stream.get_final_message()
+    for reply, n in ((first, 0), (second, 1), (streamed, 2)):
+        assert prompt_of(reply.usage) == counted
+        assert_usage(reply.usage, served.recorder.nth(n))
+    assert (second.usage.cache_read_input_tokens or 0) > counted - 8
+    assert second.usage.input_tokens < 8
+    assert (streamed.usage.cache_read_input_tokens or 0) > counted - 8
 
 
 @pytest.mark.parametrize(
@@ -583,5 +616,8 @@ def test_a_claude_code_request_streams_an_anthropic_message(served: Served) -> N
     delta = events[-2]
     assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
     trace = served.recorder.nth(0)
-    assert events[0]["message"]["usage"]["input_tokens"] == trace.prompt_tokens
+    start = events[0]["message"]["usage"]
+    assert start["input_tokens"] + start["cache_read_input_tokens"] == trace.prompt_tokens
+    assert delta["usage"]["input_tokens"] == trace.prompt_tokens - trace.cached_tokens
+    assert delta["usage"]["cache_read_input_tokens"] == trace.cached_tokens
     assert delta["usage"]["output_tokens"] == trace.completion_tokens <= 8

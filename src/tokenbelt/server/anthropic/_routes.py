@@ -17,8 +17,14 @@ shutdown) cut the reply short and is ``max_tokens``, as ``/v1`` answers ``stop``
 in a stream; in a whole answer it is no block (its input would not parse) and the
 ``tokenbelt`` object's ``cut_call`` has its name and the partial input.
 
-``POST /v1/messages/count_tokens`` counts the prompt exactly as the same request's
-``usage.input_tokens`` (the chat template and the tools included).
+``usage`` has Anthropic's meaning: ``cache_read_input_tokens`` are the prompt tokens
+taken from the prefix cache, ``input_tokens`` the rest (the part computed for this
+request); ``cache_creation_input_tokens`` is 0, since the cache keeps prompts on its own
+and charges nothing for it. Their sum is the whole prompt, which
+``POST /v1/messages/count_tokens`` counts exactly (the chat template and the tools
+included), as Anthropic's does. A stream's ``message_start`` goes out before the engine
+has looked in the cache (its split says nothing was read yet); ``message_delta`` carries
+the final split, which Anthropic's SDKs take as the totals.
 """
 
 from __future__ import annotations
@@ -97,7 +103,19 @@ def _message(stream: Stream, model: str, content: list[dict[str, Any]]) -> dict[
         "content": content,
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": stream.trace.prompt_tokens, "output_tokens": 0},
+        "usage": _usage(stream, 0),
+    }
+
+
+def _usage(stream: Stream, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage: the prompt split into what the cache gave and what was computed."""
+    trace = stream.trace
+    cached = min(trace.cached_tokens, trace.prompt_tokens)
+    return {
+        "input_tokens": trace.prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output_tokens,
     }
 
 
@@ -128,10 +146,7 @@ def _render(stream: Stream, model: str, plan: ToolPlan) -> dict[str, Any]:
         **_message(stream, model, content),
         "stop_reason": stop_reason(stream, calls.call is not None),
         "stop_sequence": stream.trace.stop_sequence,
-        "usage": {
-            "input_tokens": stream.trace.prompt_tokens,
-            "output_tokens": stream.trace.completion_tokens,
-        },
+        "usage": _usage(stream, stream.trace.completion_tokens),
         "tokenbelt": _final(stream, plan, calls),
     }
 
@@ -235,7 +250,7 @@ def _events(stream: Stream, model: str, plan: ToolPlan, thinks: bool) -> AsyncIt
                     "stop_reason": stop_reason(stream, calls.call is not None),
                     "stop_sequence": stream.trace.stop_sequence,
                 },
-                "usage": {"output_tokens": stream.trace.completion_tokens},
+                "usage": _usage(stream, stream.trace.completion_tokens),
                 "tokenbelt": _final(stream, plan, calls),
             },
         )
@@ -279,7 +294,8 @@ async def messages(body: MessagesRequest, path: Serving) -> Response:
 
 @router.post(PREFIX + "/count_tokens", summary="Anthropic: the input tokens of a request")
 async def count_tokens(body: CountTokensRequest, path: Serving) -> dict[str, Any]:
-    """``{"input_tokens": n}``: the prompt the same ``/v1/messages`` request would have."""
+    """``{"input_tokens": n}``: the whole prompt the same ``/v1/messages`` request would
+    have (its ``input_tokens`` plus ``cache_read_input_tokens``)."""
     model = path.state.model_for(body.model or None)
     # ``thinking`` shapes the prompt (a template's switch), so it is counted with it.
     thinking = body.thinking.sampling() if body.thinking is not None else {}
