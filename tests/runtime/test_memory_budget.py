@@ -84,8 +84,8 @@ def test_the_estimate_reads_the_models_shape_from_its_gguf_header() -> None:
     f16 = estimate(path, slots=2, n_ctx=1024, cache_tokens=512, kv_type="f16")
     # SmolLM2-135M: 30 layers x 3 KV heads x (64 + 64) x 2 bytes per cell
     assert f16.kv == 30 * 3 * 128 * 2 * 2048
-    # the entries in memory, and as many cells beside the sequences'
-    assert f16.cache == 2 * 30 * 3 * 128 * 2 * 512
+    # the entries, held in the process's memory (the KV cache has cells for the slots only)
+    assert f16.cache == 30 * 3 * 128 * 2 * 512
     assert f16.weights == path.stat().st_size
     q8 = estimate(path, slots=2, n_ctx=1024, cache_tokens=512, kv_type="q8_0")
     assert q8.kv == int(f16.kv * 34 / 64)

@@ -5,12 +5,11 @@ Before a load, the cost is estimated from the GGUF file's own metadata: its weig
 (the file's size: llama.cpp maps it and, on a CPU, touches every page), its KV cache
 (``slots * n_ctx`` cells for the sequences; each cell is ``layers * kv_heads * (key +
 value length)`` elements of the cache's type), its prefix cache (``cache_tokens`` cells'
-worth twice: the entries, held in the process's memory, and as many cells the KV cache
-keeps beside the sequences', through which a saved cache is read back at load) and a
-fixed overhead (the worker process, llama.cpp's compute buffers). Once loaded, a
-model in a worker process is measured too (its worker's resident set), and counted at
-the larger of the two: a new worker's KV pages are not resident until sequences fill
-them, and a worker that grew past its estimate counts what it holds.
+worth, the entries held in the process's memory) and a fixed overhead (the worker
+process, llama.cpp's compute buffers). Once loaded, a model in a worker process is
+measured too (its worker's resident set), and counted at the larger of the two: a new
+worker's KV pages are not resident until sequences fill them, and a worker that grew
+past its estimate counts what it holds.
 
 The budget (``MemoryBudget``) decides what a new load may unload: only models that
 are loaded, not pinned, and idle (nothing running, queued or being submitted), the
@@ -139,7 +138,7 @@ def estimate(
     return MemoryUse(
         weights=Path(path).stat().st_size,
         kv=int(cell * slots * n_ctx),
-        cache=int(2 * cell * cache_tokens),
+        cache=int(cell * cache_tokens),
     )
 
 

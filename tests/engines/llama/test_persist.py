@@ -212,6 +212,31 @@ def test_a_corrupt_or_truncated_file_is_skipped_with_one_warning_each(
         engine.close()
 
 
+def test_a_saved_set_larger_than_the_kv_cache_is_read_back_one_entry_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """The KV cache has cells for the running sequences only (entries live in memory):
+    one slot of 512 here, so three saved entries of ~300 tokens (more than the cells
+    together) are checked and freed one after another, and each serves its turn."""
+    leads = ("First text. ", "Second text. ", "Third text. ")
+    prompts = [conversation(250, QUESTION, lead=lead) for lead in leads]
+    options: dict[str, Any] = {"n_ctx": 512, "cache_tokens": 4096, "cache_entries": 8}
+    saved = saved_once(tmp_path, *prompts, **options)
+    assert saved.saved_entries == 3
+    engine = load(tmp_path, **options)
+    try:
+        cells = engine._lib.llama_n_ctx(engine._ctx.ctx)
+        assert cells < 512 + 256  # one slot's, rounded up as llama.cpp pads; no slack
+        restored = engine.statistics()
+        assert restored.restored_entries == 3
+        assert restored.restored_tokens > cells
+        for lead in leads:
+            turn = ask(engine, conversation(250, QUESTION, "Why?", lead=lead))
+            assert turn.trace.cached_tokens > 250
+    finally:
+        engine.close()
+
+
 def test_the_disk_budget_keeps_the_most_recent_entries_that_fit(tmp_path: Path) -> None:
     older = conversation(50, QUESTION, lead="Read this. ")
     newer = conversation(50, QUESTION, lead="Now this: ")

@@ -43,9 +43,11 @@ With a ``prefix_cache_dir`` the entries outlive the engine: ``close()`` writes t
 there (within ``prefix_cache_disk`` bytes) and the next load of the same model with
 the same KV settings reads them back before it takes a request (``_persist.py``).
 
-The KV cache is one unified buffer of ``slots * n_ctx + cache_tokens`` cells: each
-sequence may hold up to ``n_ctx`` tokens (prompt and reply), and shared prefixes
-take their cells once.
+The KV cache is one unified buffer of ``slots * n_ctx`` cells: each sequence may
+hold up to ``n_ctx`` tokens (prompt, reply and a draft), and shared prefixes take
+their cells once. Prefix-cache entries are not cells: each is a copy of its
+sequence's cells in the process's memory, put back into a new sequence's cells on a
+hit, so a saved set is read back one entry at a time.
 
 Drafting (``draft="lookup"``, or a request's own ``draft``): a decoding sequence may
 add a draft of up to ``draft_tokens`` tokens, taken from its own earlier text, to its
@@ -502,7 +504,9 @@ class BatchEngine:
                     f"{trained}, or force it (--force-n-ctx, force_n_ctx=True)"
                 )
             cparams = llama_cpp.llama_context_default_params()
-            cparams.n_ctx = self.slots * n_ctx + self.cache_tokens
+            # Cells for the running sequences only: prefix-cache entries are held in
+            # memory (``_keep``), and a saved set is read back one entry at a time.
+            cparams.n_ctx = self.slots * n_ctx
             cparams.n_batch = self.n_batch
             cparams.n_ubatch = self.n_batch  # one ubatch per step: an abort drops it whole
             cparams.n_seq_max = self.n_seq_max
@@ -1611,12 +1615,12 @@ class BatchEngine:
             self._free_ids.append,
             max_entries=self.cache_entries,
             max_tokens=self.cache_tokens,
+            max_entry_tokens=self.context_length,
             n_vocab=self._n_vocab,
         )
         for entry in reversed(restored):
             # Held in memory as every entry is: the state llama.cpp just took, as read.
             self._add_entry(entry.tokens, entry.state)
-            self._free(entry.seq_id)
         self._restored = (len(restored), sum(len(e.tokens) for e in restored))
         if restored:
             logger.info(

@@ -117,10 +117,9 @@ class _BadEntry(Exception):
 
 @dataclass(frozen=True)
 class Restored:
-    """One entry read back: the sequence id it was checked in, its tokens and the state
-    llama.cpp took (``llama_state_seq_get_data``'s bytes, as saved)."""
+    """One entry read back: its tokens and the state llama.cpp took
+    (``llama_state_seq_get_data``'s bytes, as saved)."""
 
-    seq_id: int
     tokens: list[int]
     state: Any
 
@@ -149,11 +148,15 @@ class PrefixStore:
         *,
         max_entries: int,
         max_tokens: int,
+        max_entry_tokens: int,
         n_vocab: int,
     ) -> list[Restored]:
-        """Read the saved entries, most recently used first, into sequences from
-        ``take_id`` while they fit in ``max_entries`` and ``max_tokens``; first remove
-        the model's stale sets. Returns them most recently used first."""
+        """Read the saved entries, most recently used first, while they fit in
+        ``max_entries`` and ``max_tokens``; first remove the model's stale sets. Each is
+        checked in a sequence from ``take_id`` (one at a time: the KV cache has cells for
+        the running sequences only) and its cells freed again; one longer than
+        ``max_entry_tokens`` (a sequence's cells) could serve no request and is skipped.
+        Returns them most recently used first."""
         try:
             self._remove_stale()
             files = sorted(self.dir.glob("*" + _SUFFIX)) if self.dir.is_dir() else []
@@ -165,7 +168,7 @@ class PrefixStore:
         for file in files:
             if len(restored) >= max_entries:
                 break
-            read = self._read(file, max_tokens - used, n_vocab)
+            read = self._read(file, min(max_tokens - used, max_entry_tokens), n_vocab)
             if read is None:
                 continue
             tokens, state = read
@@ -173,12 +176,13 @@ class PrefixStore:
             got = lib.llama_state_seq_set_data(ctx, state, len(state), seq_id)
             # The cells must hold exactly the tokens' positions, or they would serve a
             # prefix they do not hold.
-            if got == 0 or int(lib.llama_memory_seq_pos_max(mem, seq_id)) + 1 != len(tokens):
-                lib.llama_memory_seq_rm(mem, seq_id, -1, -1)
-                give_id(seq_id)
+            taken = got != 0 and int(lib.llama_memory_seq_pos_max(mem, seq_id)) + 1 == len(tokens)
+            lib.llama_memory_seq_rm(mem, seq_id, -1, -1)
+            give_id(seq_id)
+            if not taken:
                 self._reject(file, "llama.cpp did not accept its state")
                 continue
-            restored.append(Restored(seq_id, tokens, state))
+            restored.append(Restored(tokens, state))
             used += len(tokens)
         if restored:
             self._touch()
