@@ -335,6 +335,30 @@ def test_background_runs_detached_and_resumes(stored: Served) -> None:
     assert plainhttp.get(url, timeout=NET).json()["status"] == "completed"
 
 
+def test_a_streamed_background_response_streams_and_outlives_its_reader(
+    stored: Served,
+) -> None:
+    """``stream`` with ``background``: the events as they come (the openai client reads
+    them), and a reader that leaves stops nothing: the rest is there to resume."""
+    client = openai.OpenAI(base_url=f"{stored.url}/v1", api_key="unused", max_retries=0)
+    with client.responses.create(
+        model="endless", input="hi", stream=True, background=True, max_output_tokens=40
+    ) as events:
+        first = [event for _, event in zip(range(4), events, strict=False)]
+    assert [e.type for e in first[:2]] == ["response.created", "response.in_progress"]
+    assert [e.sequence_number for e in first] == [0, 1, 2, 3]
+    response_id = first[0].response.id
+    trace = stored.recorder.nth(0)
+    stored.assert_released(trace, EndReason.LENGTH)  # ran on after the reader left
+    assert trace.completion_tokens == 40
+    rest = list(
+        client.responses.retrieve(response_id, stream=True, starting_after=3)  # type: ignore[call-overload]
+    )
+    assert rest[0].sequence_number == 4
+    assert rest[-1].type == "response.incomplete"
+    assert rest[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
 def test_cancel_a_background_response(stored: Served) -> None:
     started = _post(stored, {"model": "endless", "input": "hi", "background": True}).json()
     trace = stored.recorder.nth(0)

@@ -3,8 +3,11 @@
 ``POST /v1/responses`` translates the body into the same chat request the chat route
 makes (``openai._tools.plan``: the same prompt, grammar and call parsing), submits it
 through the serving core, and answers with a ``Turn``'s events or its final object.
-A ``background`` response is read by a task of its own into the store; every
-response in flight can be cancelled by id, whoever is (or is not) reading it.
+A ``background`` response is read by a task of its own into the store; with
+``stream`` too, the answer follows its stored events from the first, as a later
+``GET ?stream=true`` does (a reader that leaves stops nothing: it may come back with
+``starting_after``). Every response in flight can be cancelled by id, whoever is (or
+is not) reading it.
 """
 
 from __future__ import annotations
@@ -322,6 +325,8 @@ async def create(
         entry.running, entry.events = True, []
         memory.store.put(turn.id, entry)
         running.task = asyncio.get_running_loop().create_task(making.background())
+        if body.stream:
+            return _replay(path, entry, None)
         return JSONResponse(turn.snapshot(), headers={"x-request-id": stream.request_id})
     if body.stream:
         response = path.streaming(stream, making.events(), encode=typed_sse)
