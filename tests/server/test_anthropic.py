@@ -560,6 +560,11 @@ def test_options_that_would_change_the_answer_are_refused(
     assert isinstance(refused.value.body, dict)
     assert named in refused.value.body["error"]["message"]
     assert served.recorder.events == []
+    if option == {"thinking": {"type": "enabled", "budget_tokens": 2048}}:
+        # The advice in this API's own values, not the SDK's booleans.
+        message = refused.value.body["error"]["message"]
+        assert 'send {"type": "disabled"} or leave it out' in message
+        assert "false" not in message
 
 
 CLAUDE_CODE = json.loads((Path(__file__).parent / "fixtures/claude_code_messages.json").read_text())
@@ -567,6 +572,10 @@ CLAUDE_CODE = json.loads((Path(__file__).parent / "fixtures/claude_code_messages
 #: annotations alone and a pattern (Workflow): ~1,100 prompt tokens; all 25 make ~7,300
 #: (their schemas are all planned in the test above)
 SAMPLED_TOOLS = ("Read", "Workflow")
+
+
+#: how Claude Code (2.x) reads a context overflow out of an error's message
+CLAUDE_CODE_TOO_LONG = r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)"
 
 
 def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) -> None:
@@ -583,9 +592,22 @@ def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) ->
     # Every field, block and tool schema passed (the tools' grammar is planned before the
     # count): what stops it is only its length, beyond this server's 4,096 per sequence.
     assert answer.status_code == 400, answer.text
-    message = answer.json()["error"]["message"]
-    assert re.fullmatch(r"the prompt has \d+ tokens but each sequence holds 4096 .*", message)
-    assert int(message.split()[3]) > 5000
+    asked = plainhttp.post(
+        f"{served.url}/v1/messages",
+        json={**prompt, "max_tokens": 8},
+        headers=CLAUDE_CODE["headers"],
+        timeout=NET,
+    )
+    assert asked.status_code == 400, asked.text
+    for refused in (answer, asked):
+        error = refused.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        # Anthropic's words, matched as Claude Code matches them (it then compacts)
+        found = re.search(CLAUDE_CODE_TOO_LONG, error["message"], re.IGNORECASE)
+        assert found is not None, error["message"]
+        assert int(found[1]) > 5000
+        assert int(found[2]) == 4095
+        assert "each sequence holds 4096" in error["message"]  # and tokenbelt's own account
 
 
 def test_a_claude_code_request_streams_an_anthropic_message(served: Served) -> None:

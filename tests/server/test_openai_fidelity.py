@@ -118,6 +118,7 @@ def test_an_image_part_is_a_400_naming_the_missing_vision(client: openai.OpenAI)
     [
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"modalities": ["audio"]}, "modalities"),
         ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
         ({"web_search_options": {}}, "web_search_options"),
         ({"reasoning_effort": "low"}, "reasoning_effort"),
@@ -159,6 +160,8 @@ def test_completion_only_parameters(client: openai.OpenAI) -> None:
 def test_fields_without_meaning_here_are_accepted(client: openai.OpenAI) -> None:
     reply = greedy(client, USER, user="ada", store=False, metadata={"k": "v"}, service_tier="auto")
     assert reply.choices[0].message.content
+    # Text is what every reply is: saying so is no error.
+    assert greedy(client, USER, modalities=["text"]).choices[0].message.content
 
 
 # -- log-probabilities ------------------------------------------------------------------------

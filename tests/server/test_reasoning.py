@@ -188,6 +188,8 @@ def test_reasoning_effort(client: openai.OpenAI) -> None:
         )
     assert refused.value.param == "reasoning_effort"
     assert "effort level" in str(refused.value)
+    # The advice in this field's own values (it has no true or false).
+    assert "leave it out or send 'none', not 'high'" in str(refused.value)
 
 
 def test_a_thinking_deadline_starts_the_answer(client: openai.OpenAI, served: Served) -> None:

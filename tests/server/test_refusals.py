@@ -81,3 +81,13 @@ def test_an_answered_request_is_not_a_refusal(served: Served) -> None:
     answer = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), headers=AUTH, timeout=NET)
     assert answer.status_code == 200
     assert refusals(served) == before
+
+
+def test_head_of_the_root_answers_as_ollama_does(served: Served) -> None:
+    """``HEAD /`` is how Ollama's CLI (and Claude Code) check that a server is there:
+    answered 200 with no body, and no refusal counted."""
+    before = refusals(served)
+    answer = plainhttp.request("HEAD", f"{served.url}/", timeout=NET)
+    assert answer.status_code == 200
+    assert answer.content == b""
+    assert refusals(served) == before

@@ -440,6 +440,13 @@ def test_codex_s_request_is_planned_and_its_built_in_tools_named(serve: ServeFac
     with pytest.raises(UnsupportedParameter, match="'namespace'") as refused:
         _plan(body, messages, model, (), [])
     assert refused.value.param == "tools.4.type"
+    # Both built-in kinds at once, and the one command line that leaves both out.
+    message = str(refused.value)
+    assert "'web_search'" in message
+    assert "--responses-skip-tool namespace --responses-skip-tool web_search" in message
+    with pytest.raises(UnsupportedParameter, match="'web_search'") as refused:
+        _plan(body, messages, model, ("namespace",), [])
+    assert "'namespace'" not in str(refused.value)
     skipped: list[str] = []
     plan = _plan(body, messages, model, ("namespace", "web_search"), skipped)
     assert skipped == ["namespace", "web_search"]

@@ -227,6 +227,10 @@ class SamplingParams:
 
 #: the effort levels ``think`` may name (gpt-oss's, as Ollama and OpenAI name them)
 REASONING_EFFORTS = ("low", "medium", "high")
+#: how an engine's refusal of a ``think`` ends: each API's route says the same in its own
+#: field's values (``server.core.think_said_as``)
+NO_PHASE_ADVICE = "send false or leave it out"
+NO_LEVELS_ADVICE = "send true or false"
 #: the largest reasoning budget, in tokens
 MAX_REASONING_BUDGET = int(RANGES["reasoning_budget"].high)
 

@@ -120,7 +120,9 @@ def create_app(
     _add_middleware(app, settings, state)
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.add_api_route("/", index, include_in_schema=False)
+    # HEAD too: clients check that a server is there with ``HEAD /`` (Ollama's CLI,
+    # Claude Code) and Ollama answers it 200.
+    app.add_api_route("/", index, methods=["GET", "HEAD"], include_in_schema=False)
     app.include_router(control_router)
     app.include_router(openai.router)
     app.include_router(responses.router)

@@ -21,6 +21,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from .._request import NO_LEVELS_ADVICE, NO_PHASE_ADVICE
+
 #: the markers tokenbelt knows: (start, end), in the order they are looked for
 MARKERS = (("<think>", "</think>"),)
 
@@ -231,12 +233,12 @@ def check_reasoning(fmt: ReasoningFormat | None, request: Any, name: str) -> Non
     if fmt is None:
         raise InvalidArgument(
             f"think: {name} has no thinking phase (its chat template writes no "
-            "<think> markers); send false or leave it out",
+            f"<think> markers); {NO_PHASE_ADVICE}",
             param="think",
         )
     if isinstance(think, str) and not fmt.efforts:
         raise InvalidArgument(
             f"think: {name}'s chat template takes no effort level (it reads no "
-            f"reasoning_effort); send true or false, not {think!r}",
+            f"reasoning_effort); {NO_LEVELS_ADVICE}, not {think!r}",
             param="think",
         )

@@ -50,6 +50,7 @@ from ..core import (
     UnsupportedParameter,
     named_sse,
     plan_tools,
+    think_said_as,
     tokenbelt_final,
     until_end,
 )
@@ -313,4 +314,5 @@ def _thinking_named() -> Iterator[None]:
     except InvalidArgument as exc:
         if exc.param != "think":
             raise
-        raise UnsupportedParameter("thinking.type", str(exc).removeprefix("think: ")) from None
+        why = think_said_as(exc, '{"type": "disabled"}')
+        raise UnsupportedParameter("thinking.type", why) from None

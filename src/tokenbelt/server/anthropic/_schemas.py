@@ -21,6 +21,7 @@ blank line between them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,11 +47,24 @@ def error_type(status: int) -> str:
     return _TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
+#: the numbers in an engine's "prompt does not fit" message (``PromptTooLong``)
+_TOO_LONG = re.compile(r"the prompt has (\d+) tokens but .*? holds (\d+)")
+
+
 def error_shape(
     status: int, message: str, type_: str, code: str | None, param: str | None
 ) -> tuple[int, dict[str, Any]]:
-    """``{"type": "error", "error": {"type", "message"}}``; a malformed body is a 400."""
+    """``{"type": "error", "error": {"type", "message"}}``; a malformed body is a 400.
+
+    A prompt too long for the context starts as Anthropic's does ("prompt is too long:
+    N tokens > M maximum"), the words clients such as Claude Code look for before they
+    compact a conversation; tokenbelt's own account follows."""
     status = 400 if status == 422 else status
+    found = _TOO_LONG.search(message) if code == "context_length_exceeded" else None
+    if found is not None:
+        tokens, holds = (int(n) for n in found.groups())
+        # One generated token must fit too: the most a prompt may have is one less.
+        message = f"prompt is too long: {tokens} tokens > {holds - 1} maximum ({message})"
     return status, {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 

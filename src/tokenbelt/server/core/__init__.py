@@ -34,6 +34,7 @@ from ._errors import (
     install,
     openai_shape,
     response_for,
+    think_said_as,
 )
 from ._h11 import WRITE_PIECE_BYTES, http_protocol, in_pieces
 from ._middleware import (
@@ -115,6 +116,7 @@ __all__ = [
     "shrink",
     "sse",
     "submit_embedding",
+    "think_said_as",
     "tokenbelt_final",
     "until_end",
 ]

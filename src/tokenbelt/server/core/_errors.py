@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Scope
 
 from ... import _errors as errors
+from ...engines._request import NO_LEVELS_ADVICE, NO_PHASE_ADVICE
 from ._missing import missing
 from ._options import range_of
 
@@ -28,6 +29,15 @@ class UnsupportedParameter(errors.InvalidArgument):
 
     def __init__(self, param: str, why: str = "tokenbelt does not support it") -> None:
         super().__init__(f"unsupported parameter {param!r}: {why}", param=param)
+
+
+def think_said_as(exc: errors.InvalidArgument, off: str) -> str:
+    """The engine's refusal of a ``think`` in the words of a route whose field turns
+    thinking off with ``off`` (``'none'``, ``{"type": "disabled"}``): its ``think: ``
+    prefix goes, and its advice names that field's values, not the SDK's booleans."""
+    text = str(exc).removeprefix("think: ")
+    text = text.replace(NO_PHASE_ADVICE, f"send {off} or leave it out")
+    return text.replace(NO_LEVELS_ADVICE, f"leave it out or send {off}")
 
 
 #: tells the ``openai`` SDK (and others that read it) not to send the request again: the

@@ -33,6 +33,7 @@ from ..core import (
     failure,
     openai_shape,
     public,
+    think_said_as,
     tokenbelt_final,
 )
 from . import _embeddings, _tools
@@ -435,7 +436,7 @@ async def chat_completions(
             raise
         # The engine names its own parameter; this body said it as reasoning_effort.
         raise InvalidArgument(
-            str(exc).replace("think: ", "reasoning_effort: ", 1), param="reasoning_effort"
+            f"reasoning_effort: {think_said_as(exc, repr('none'))}", param="reasoning_effort"
         ) from None
     return _respond(path, choices, body, model, chat=True, plan=plan, prompt_ids=prompt_ids)
 

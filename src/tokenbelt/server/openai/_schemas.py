@@ -179,6 +179,9 @@ class ChatCompletionRequest(_Sampling):
         description="a thinking model: none answers at once; low, medium and high go to "
         "a chat template that reads an effort level (else a 400)",
     )
+    modalities: list[Literal["text"]] | None = Field(
+        None, max_length=1, description='["text"]: what every reply is (audio is a 400)'
+    )
 
     def sampling(self) -> dict[str, object]:
         effort = self.reasoning_effort

@@ -36,6 +36,7 @@ from ..core import (
     error_response,
     named_sse,
     openai_shape,
+    think_said_as,
     until_end,
 )
 from ..openai import _tools
@@ -106,19 +107,17 @@ def _plan(
     skipped: list[str],
 ) -> _tools.Plan:
     """The chat plan of the request; built-in tools of a type in ``skip`` are left out
-    (and named in ``skipped``), any other is a 400."""
+    (and named in ``skipped``), any other is a 400 that names every such type at once
+    (Codex sends two kinds: one restart of the server, not one per kind)."""
     tools: list[_tools.ToolSpec] = []
+    refused: dict[str, int] = {}  # type -> its first index
     for i, tool in enumerate(body.tools or ()):
         if isinstance(tool, OtherTool):
             if tool.type in skip:
                 skipped.append(tool.type)
-                continue
-            raise UnsupportedParameter(
-                f"tools.{i}.type",
-                f"tools of type {tool.type!r}: tokenbelt runs function tools only "
-                "(leave built-in tools out, or start the server with "
-                f"--responses-skip-tool {tool.type} to have it left out)",
-            )
+            else:
+                refused.setdefault(tool.type, i)
+            continue
         assert isinstance(tool, FunctionTool)
         fn = _tools.FunctionSpec(
             name=tool.name,
@@ -127,6 +126,14 @@ def _plan(
             strict=tool.strict,
         )
         tools.append(_tools.ToolSpec(type="function", function=fn))
+    if refused:
+        kinds = ", ".join(repr(kind) for kind in refused)
+        flags = " ".join(f"--responses-skip-tool {kind}" for kind in refused)
+        raise UnsupportedParameter(
+            f"tools.{min(refused.values())}.type",
+            f"tools of type {kinds}: tokenbelt runs function tools only (leave built-in "
+            f"tools out, or start the server with {flags} to have them left out)",
+        )
     choice: _tools.ToolChoice | None
     if isinstance(body.tool_choice, str) or body.tool_choice is None:
         choice = body.tool_choice
@@ -309,7 +316,7 @@ async def create(
         if exc.param != "think":
             raise
         # The engine names its own parameter; this body said it as reasoning.effort.
-        raise UnsupportedParameter("reasoning.effort", str(exc).removeprefix("think: ")) from None
+        raise UnsupportedParameter("reasoning.effort", think_said_as(exc, "'none'")) from None
     stream = submitted.stream
     turn = Turn("resp_" + stream.request_id.removeprefix("req_"), model.name, _echo(body, keep))
     if skipped:
