@@ -25,6 +25,8 @@ import contextlib
 import json
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -109,21 +111,29 @@ def server_process(command: list[str], port: int, timeout: float = 120.0) -> Ite
     import httpx
 
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
-                if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{' '.join(command)} did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
+    # The server's own log is kept aside and shown if the block fails: why a server
+    # stopped answering is in it.
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            deadline = time.monotonic() + timeout
+            while True:
+                with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+                    if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
+                        break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{' '.join(command)} did not start")
+                time.sleep(0.1)
+            yield url
+        except BaseException:
+            log.seek(0)
+            tail = log.read().decode("utf-8", "replace").splitlines()[-20:]
+            print(f"-- the last lines of {command[0]}'s log:", *tail, sep="\n", file=sys.stderr)
+            raise
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
