@@ -162,6 +162,25 @@ def test_a_string_where_messages_belong_says_to_pass_messages() -> None:
         GenerationRequest(messages="Write a haiku")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ({"prompt": "hi", "prompt_tokens": (1, 2)}, "either messages, a prompt or"),
+        ({}, "either messages, a prompt or"),
+        ({"prompt_tokens": ()}, "non-empty tuple"),
+        ({"prompt_tokens": [1, 2]}, "non-empty tuple"),
+        ({"prompt_tokens": (1, -2)}, "integers >= 0"),
+        ({"prompt_tokens": (1, True)}, "integers >= 0"),
+        ({"prompt_tokens": (1, "2")}, "integers >= 0"),
+    ],
+)
+def test_a_prompt_of_token_ids_is_one_tuple_of_ids_alone(given: dict[str, Any], why: str) -> None:
+    with pytest.raises(InvalidArgument, match=why):
+        GenerationRequest(**given)
+    request = GenerationRequest(prompt_tokens=(1, 2, 3))
+    assert (request.prompt, request.messages, request.prompt_tokens) == (None, None, (1, 2, 3))
+
+
 @pytest.mark.model
 def test_the_trace_of_a_finished_send_holds_its_release() -> None:
     with Runtime(keep_alive=None, n_ctx=512, slots=1) as rt:

@@ -257,6 +257,47 @@ def test_legacy_logprobs_and_echo(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in stream if c.choices) == prompt + choice.text
 
 
+def test_a_prompt_of_token_ids_completes_as_its_text_does(client: openai.OpenAI) -> None:
+    """OpenAI's completions take token ids (lm-evaluation-harness sends them): the ids of
+    a text prompt (as ``return_token_ids`` gives them) complete as the text does, as a
+    list or a list holding one list."""
+    prompt = "The sky is"
+    asked: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_tokens": 6}
+    as_text = client.completions.create(
+        prompt=prompt, extra_body={"return_token_ids": True}, **asked
+    )
+    ids = (as_text.choices[0].model_extra or {})["prompt_token_ids"]
+    assert ids
+    assert all(isinstance(i, int) for i in ids)
+    for form in (ids, [ids]):
+        as_ids = client.completions.create(prompt=form, **asked)
+        assert as_ids.choices[0].text == as_text.choices[0].text
+        assert as_ids.usage is not None
+        assert as_ids.usage.prompt_tokens == len(ids)
+    streamed = client.completions.create(prompt=ids, stream=True, **asked)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == as_text.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("prompt", "extra", "param"),
+    [
+        ([10_000_000], {}, "prompt"),  # not in the vocabulary
+        ([[1, 2], [3]], {}, "prompt"),  # two prompts
+        ([], {}, "prompt"),
+        ([-1], {}, "prompt"),
+        ([1, 2], {"echo": True}, "echo"),  # echo gives text prompts back
+    ],
+)
+def test_bad_token_id_prompts_are_400s_that_name_them(
+    client: openai.OpenAI, served: Served, prompt: Any, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, **extra)
+    assert caught.value.param is not None
+    assert caught.value.param.startswith(param), caught.value.body
+    assert served.recorder.events == []  # refused before any compute
+
+
 # -- penalties and bias -----------------------------------------------------------------------
 
 

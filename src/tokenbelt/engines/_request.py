@@ -340,7 +340,8 @@ def check_draft(value: object, *, allow_none: bool = False) -> None:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """What to generate: chat ``messages`` or a raw ``prompt`` (exactly one of them).
+    """What to generate: chat ``messages``, a raw ``prompt``, or a raw prompt given as
+    token ids of the model's vocabulary, ``prompt_tokens`` (exactly one of them).
 
     ``conversation_id`` lets an engine keep the KV cache of a conversation's prefix
     between its turns; requests of other conversations never see that state.
@@ -363,11 +364,13 @@ class GenerationRequest:
     tools: str | None = None
     reuse_prefix: bool = True
     draft: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_draft(self.draft, allow_none=True)
-        if (self.messages is None) == (self.prompt is None):
-            raise InvalidArgument("give either messages or a prompt")
+        given = (self.messages, self.prompt, self.prompt_tokens)
+        if sum(part is not None for part in given) != 1:
+            raise InvalidArgument("give either messages, a prompt or prompt_tokens")
         if self.tools is not None and self.messages is None:
             raise InvalidArgument("tools go with chat messages, not a raw prompt")
         if isinstance(self.messages, str):
@@ -389,6 +392,18 @@ class GenerationRequest:
                 # No token to start from: llama.cpp cannot decode an empty batch.
                 raise InvalidArgument("prompt is empty: give at least one character of text")
             check_text("prompt", self.prompt)
+        if self.prompt_tokens is not None:
+            tokens = self.prompt_tokens
+            if not isinstance(tokens, tuple) or not tokens:
+                raise InvalidArgument(
+                    "prompt_tokens is a non-empty tuple of token ids", param="prompt"
+                )
+            for token in tokens:
+                if type(token) is not int or token < 0:
+                    raise InvalidArgument(
+                        f"prompt_tokens holds token ids (integers >= 0), got {token!r}",
+                        param="prompt",
+                    )
 
     @classmethod
     def chat(

@@ -67,7 +67,9 @@ class ScriptedEngine(OnThreads):
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         refuse_grammar(request, "the scripted engine")
         refuse(request.sampling, "scripted", "ignore_eos", "min_tokens", "return_token_ids")
-        if request.prompt is not None:
+        if request.prompt_tokens is not None:
+            text = " ".join(map(str, request.prompt_tokens))  # a word a token, as any text
+        elif request.prompt is not None:
             text = request.prompt
         else:
             text = " ".join(m["content"] for m in request.messages or ())

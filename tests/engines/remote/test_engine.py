@@ -65,6 +65,20 @@ def test_stream_and_json_through_the_front(serve: ServeFactory) -> None:
     assert upstream_trace(up, trace["request_id"])["end_reason"] == "stop"
 
 
+def test_a_prompt_of_token_ids_reaches_the_upstream_as_ids(serve: ServeFactory) -> None:
+    up = upstream(serve, ScriptedEngine(words(3), delay=0.0))
+    fr = front(serve, up)
+    body = {"model": "scripted", "prompt": [11, 22, 33, 44], "max_tokens": 8}
+    answer = plainhttp.post(fr.url + "/v1/completions", json=body, timeout=NET)
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()
+    assert reply["choices"][0]["text"] == "".join(words(3))
+    assert reply["usage"]["prompt_tokens"] == 4  # the front counts the ids
+    # The upstream (a scripted engine counts a prompt's words) got the four ids.
+    trace = upstream_trace(up, reply["tokenbelt"]["trace"]["request_id"])
+    assert trace["prompt_tokens"] == 4
+
+
 def _front_and_upstream_stop(fr_url: str, up_url: str, request_id: str, reason: str) -> None:
     """Both sides record the stop; the upstream released within the bound of the front's."""
     deadline = time.monotonic() + NET

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..._errors import DecodeError, ModelLoadError
+from ..._errors import DecodeError, InvalidArgument, ModelLoadError
 from .._request import GenerationRequest
 from ._binding import quiet_native_logs
 
@@ -117,9 +117,10 @@ def prompt_tokens(
     name: str,
     options: dict[str, Any] | None = None,
 ) -> list[int]:
-    """A request's prompt tokens: a raw prompt as is, chat messages through ``formatter``
-    (the GGUF's template), with the request's tools when the template renders them and
-    ``options`` (template variables: a thinking model's ``enable_thinking``).
+    """A request's prompt tokens: a raw prompt as is (its token ids as given), chat
+    messages through ``formatter`` (the GGUF's template), with the request's tools when
+    the template renders them and ``options`` (template variables: a thinking model's
+    ``enable_thinking``).
     ``model`` is llama-cpp-python's ``_internals.LlamaModel``."""
 
     def tokenize(text: str, *, add_bos: bool, special: bool) -> list[int]:
@@ -127,6 +128,15 @@ def prompt_tokens(
 
     if request.prompt is not None:
         return tokenize(request.prompt, add_bos=True, special=False)
+    if request.prompt_tokens is not None:
+        n_vocab = int(model.n_vocab())
+        for token in request.prompt_tokens:
+            if token >= n_vocab:
+                raise InvalidArgument(
+                    f"prompt: token id {token} is not in {name}'s vocabulary (0 to {n_vocab - 1})",
+                    param="prompt",
+                )
+        return list(request.prompt_tokens)  # as given: no start token is added
     if formatter is None:
         raise DecodeError(f"{name} has no chat template; send a raw prompt instead")
     tools = json.loads(request.tools) if request.tools and template_tools(formatter) else None

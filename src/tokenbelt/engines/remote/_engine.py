@@ -161,6 +161,8 @@ class RemoteEngine:
                 "how it decodes",
                 param="draft",
             )
+        if request.prompt_tokens is not None:
+            return len(request.prompt_tokens)
         if request.prompt is not None:
             return estimate_tokens(request.prompt)
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))

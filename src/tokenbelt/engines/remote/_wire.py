@@ -93,6 +93,8 @@ def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
         body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}
     if request.messages is not None:
         body["messages"] = [dict(m) for m in request.messages]
+    elif request.prompt_tokens is not None:
+        body["prompt"] = list(request.prompt_tokens)  # OpenAI's completions take token ids
     else:
         body["prompt"] = request.prompt
     return body

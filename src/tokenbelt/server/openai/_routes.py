@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from fastapi import APIRouter, Header
@@ -54,12 +54,22 @@ _REQUEST_ID = Header(
 router = APIRouter()
 
 
-def _prompt(body: CompletionRequest) -> str:
-    if isinstance(body.prompt, str):
-        return body.prompt
-    if len(body.prompt) != 1:
-        raise InvalidArgument("prompt must be one string (a list must hold exactly one)")
-    return body.prompt[0]
+def _prompt(body: CompletionRequest) -> str | tuple[int, ...]:
+    """The one prompt of a body: text, or token ids (a list of them, or a list holding
+    one such list, as OpenAI's API takes them)."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and all(isinstance(token, int) for token in prompt):
+        return tuple(cast(list[int], prompt))
+    if len(prompt) != 1:
+        raise InvalidArgument(
+            "prompt must be one prompt: a string or a list of token ids (a list of prompts "
+            "must hold exactly one)",
+            param="prompt",
+        )
+    one = cast(str | list[int], prompt[0])
+    return one if isinstance(one, str) else tuple(one)
 
 
 def _sampling_for(body: _Sampling, index: int) -> SamplingParams:
@@ -451,15 +461,21 @@ async def completions(
             "echo", "with logprobs (the prompt's log-probabilities are not computed)"
         )
     prompt = _prompt(body)
+    if body.echo and not isinstance(prompt, str):
+        raise UnsupportedParameter("echo", "with a prompt of token ids (text prompts only)")
+    text, tokens = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     requests = [
         GenerationRequest(
-            prompt=prompt, sampling=_sampling_for(body, i), reuse_prefix=body.cache_prompt
+            prompt=text,
+            prompt_tokens=tokens,
+            sampling=_sampling_for(body, i),
+            reuse_prefix=body.cache_prompt,
         )
         for i in range(body.n)
     ]
     prompt_ids = await _prompt_ids(model, body, requests[0])
     choices = await _submit(path, model, body, requests, x_request_id)
-    echo = prompt if body.echo else None
+    echo = text if body.echo else None
     return _respond(path, choices, body, model, chat=False, echo=echo, prompt_ids=prompt_ids)
 
 

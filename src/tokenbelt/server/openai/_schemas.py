@@ -196,7 +196,9 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] = Field(description="one prompt (a list must hold exactly one)")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="one prompt: text or token ids (a list of prompts must hold exactly one)"
+    )
     logprobs: int | None = Field(
         None, ge=0, le=5, description="log-probabilities of each token and its N likeliest"
     )
