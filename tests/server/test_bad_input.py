@@ -81,7 +81,7 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("n-too-many", CHAT, chat_body(n=17), 400, "invalid_body", "n"),
     ("empty-stop", CHAT, chat_body(stop=[""]), 400, "invalid_body", "stop.0"),
     ("empty-stop-string", CHAT, chat_body(stop=""), 400, "invalid_body", "stop"),
-    ("two-prompts", COMPLETIONS, {"prompt": ["a", "b"]}, 400, "invalid_value", None),
+    ("two-prompts", COMPLETIONS, {"prompt": ["a", "b"]}, 400, "invalid_value", "prompt"),
     (
         "unknown-extension-key",
         CHAT,
