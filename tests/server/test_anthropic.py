@@ -549,7 +549,7 @@ def test_options_that_ask_for_no_thinking_are_accepted(served: Served, option: A
         ({"output_config": {"effort": "max"}}, "output_config.effort"),
         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
     ],
-    ids=["enabled", "budget", "unknown", "clear-tool-uses", "low", "max", "format"],
+    ids=["enabled", "budget", "unknown", "clear-tool-uses", "low", "max", "format-no-schema"],
 )
 def test_options_that_would_change_the_answer_are_refused(
     client: anthropic.Anthropic, served: Served, option: dict[str, Any], named: str
@@ -565,6 +565,59 @@ def test_options_that_would_change_the_answer_are_refused(
         message = refused.value.body["error"]["message"]
         assert 'send {"type": "disabled"} or leave it out' in message
         assert "false" not in message
+
+
+#: an answer's shape for ``output_config.format`` (short bounds: the small model rambles)
+PERSON: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+AS_PERSON: dict[str, Any] = {"output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
+
+
+def test_output_config_format_answers_json_that_validates(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    """Anthropic's structured outputs: the answer is JSON of the schema, whole and
+    streamed, kept by a grammar (the trace says one was compiled)."""
+    ask: list[Any] = [{"role": "user", "content": "Invent a person."}]
+    reply = client.messages.create(
+        model=name(served), max_tokens=120, messages=ask, extra_body={**GREEDY, **AS_PERSON}
+    )
+    jsonschema.validate(json.loads(text_of(reply)), PERSON)
+    assert reply.stop_reason == "end_turn"
+    assert (reply.model_extra or {})["tokenbelt"]["grammar"]["compile_ms"] >= 0
+    with client.messages.stream(
+        model=name(served), max_tokens=120, messages=ask, extra_body={**GREEDY, **AS_PERSON}
+    ) as stream:
+        streamed = stream.get_final_message()
+    jsonschema.validate(json.loads(text_of(streamed)), PERSON)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({**AS_PERSON, "tools": [WEATHER], "tool_choice": ANY}, "output_config.format"),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
+            "output_config.format.schema",
+        ),
+    ],
+    ids=["with-tools", "bad-schema"],
+)
+def test_an_output_format_that_cannot_be_kept_is_a_400_naming_it(
+    client: anthropic.Anthropic, served: Served, extra: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=name(served), max_tokens=8, messages=ASK, extra_body=extra)
+    assert isinstance(refused.value.body, dict)
+    assert named in refused.value.body["error"]["message"]
+    assert served.recorder.events == []
 
 
 CLAUDE_CODE = json.loads((Path(__file__).parent / "fixtures/claude_code_messages.json").read_text())

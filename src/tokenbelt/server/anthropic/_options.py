@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..._errors import InvalidArgument
+from ...engines import Grammar, schema_grammar
 from ..core import UnsupportedParameter, ranges
 
 
@@ -87,8 +89,26 @@ class ContextManagement(BaseModel):
                 )
 
 
+class OutputFormat(BaseModel):
+    """``output_config.format``: the answer is JSON that validates against ``schema``
+    (Anthropic's structured outputs), kept by a grammar as ``response_format`` is on
+    ``/v1``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema", description="a JSON schema")
+
+    def grammar(self) -> Grammar:
+        """The schema's grammar; ``UnsupportedParameter`` when it cannot be compiled."""
+        try:
+            return schema_grammar(self.json_schema)
+        except InvalidArgument as exc:
+            raise UnsupportedParameter("output_config.format.schema", str(exc)) from exc
+
+
 class OutputConfig(BaseModel):
-    """``output_config``: ``effort`` ``high`` (Anthropic's default) only; no ``format``."""
+    """``output_config``: ``effort`` ``high`` (Anthropic's default) only, and ``format``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -100,6 +120,10 @@ class OutputConfig(BaseModel):
             "fewer or more tokens, which a model without reasoning is not told how to do "
             "here: refused"
         ),
+    )
+
+    format: OutputFormat | None = Field(
+        None, description="json_schema: the answer validates against the schema"
     )
 
     def check(self) -> None:

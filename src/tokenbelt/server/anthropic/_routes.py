@@ -30,6 +30,7 @@ the final split, which Anthropic's SDKs take as the totals.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
@@ -262,13 +263,22 @@ def _events(stream: Stream, model: str, plan: ToolPlan, thinks: bool) -> AsyncIt
 
 def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
     body.check()
-    return plan_tools(
+    plan = plan_tools(
         body.turns(),
         body.openai_tools(),
         body.openai_choice(),
         model.template_tools,
         model.tool_format,
     )
+    fmt = body.output_config.format if body.output_config is not None else None
+    if fmt is None:
+        return plan
+    if plan.with_tools:
+        # One grammar shapes a reply: a call's, or the answer's schema.
+        raise UnsupportedParameter(
+            "output_config.format", "together with tools a model may call: send one or the other"
+        )
+    return dataclasses.replace(plan, grammar=fmt.grammar())
 
 
 @router.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")
