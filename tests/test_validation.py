@@ -172,6 +172,9 @@ def test_a_string_where_messages_belong_says_to_pass_messages() -> None:
         ({"prompt_tokens": (1, -2)}, "integers >= 0"),
         ({"prompt_tokens": (1, True)}, "integers >= 0"),
         ({"prompt_tokens": (1, "2")}, "integers >= 0"),
+        ({"prompt": "hi", "continue_final": True}, "must end with one"),
+        ({"messages": ({"role": "user", "content": "hi"},), "continue_final": True}, "end with"),
+        ({"messages": ({"role": "assistant", "content": " "},), "continue_final": True}, "end"),
     ],
 )
 def test_a_prompt_of_token_ids_is_one_tuple_of_ids_alone(given: dict[str, Any], why: str) -> None:

@@ -4,6 +4,7 @@ leaving a stream early."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import jsonschema
 import pytest
 
 import plainhttp
-from tokenbelt import EndReason
+from tokenbelt import EndReason, GenerationRequest
 
 from .conftest import (
     NET,
@@ -198,10 +199,10 @@ def test_max_tokens_is_required(client: anthropic.Anthropic, served: Served) -> 
             None,
             "messages[0].content[0].type",
         ),
-        ({"messages": [*SEA, {"role": "assistant", "content": "The"}]}, 400, None, "messages[1]"),
+        ({"messages": [*SEA, {"role": "assistant", "content": " "}]}, 400, None, "messages[1]"),
         ({"extra_body": {"temperature": 1.5}}, 400, None, "temperature"),
     ],
-    ids=["unknown-model", "image-block", "prefill", "temperature"],
+    ids=["unknown-model", "image-block", "empty-prefill", "temperature"],
 )
 def test_errors_have_anthropics_shape(
     client: anthropic.Anthropic,
@@ -507,7 +508,7 @@ def test_system_messages_join_the_system_text_in_order(served: Served) -> None:
     assert merged == alone
     refused = [
         ({"messages": [{"role": "system", "content": "Hi."}]}, "'messages'"),
-        ({"messages": [*mid, {"role": "assistant", "content": "Le"}, mid[0]]}, "messages[3]"),
+        ({"messages": [*mid, {"role": "assistant", "content": ""}, mid[0]]}, "messages[3]"),
         (
             {"messages": [*SEA, {"role": "system", "content": [{"type": "image"}]}]},
             "messages[1].content[0].type",
@@ -565,6 +566,33 @@ def test_options_that_would_change_the_answer_are_refused(
         message = refused.value.body["error"]["message"]
         assert 'send {"type": "disabled"} or leave it out' in message
         assert "false" not in message
+
+
+def test_a_final_assistant_turn_is_continued(client: anthropic.Anthropic, served: Served) -> None:
+    """Anthropic's prefill: the reply continues the final assistant turn's text (its
+    prompt ends with that text, no end-of-turn marker after it) and holds only what
+    follows; ``count_tokens`` counts the same prompt."""
+    prefill = "My favourite colour is"
+    ask: list[Any] = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": prefill},
+    ]
+    engine: Any = served.model().engines[0]
+    request = GenerationRequest.chat(ask)
+    continued = dataclasses.replace(request, continue_final=True)
+    tokens = engine.tokenize_request(continued)
+    assert engine._detokenize(tokens).endswith(prefill)  # the turn left open
+    assert len(tokens) < len(engine.tokenize_request(request))  # no end marker, no new turn
+    reply = client.messages.create(
+        model=name(served), max_tokens=8, messages=ask, extra_body=GREEDY
+    )
+    text = text_of(reply)
+    assert text.strip()
+    assert not text.lstrip().startswith(prefill)  # the continuation alone, as Anthropic's
+    assert served.recorder.nth(0).prompt_tokens == len(tokens)
+    assert client.messages.count_tokens(model=name(served), messages=ask).input_tokens == len(
+        tokens
+    )
 
 
 #: an answer's shape for ``output_config.format`` (short bounds: the small model rambles)

@@ -354,6 +354,8 @@ class GenerationRequest:
     prompt even when a cached or running sequence shares a prefix with it.
     ``draft`` (``DRAFT_MODES``; None: the engine's own setting) asks for prompt-lookup
     drafting (``lookup``) or none (``off``); it changes the speed, never the text.
+    ``continue_final``: the messages end with an assistant turn that the reply continues
+    (Anthropic's prefill) instead of a new turn after it.
     """
 
     messages: tuple[Message, ...] | None = None
@@ -365,6 +367,7 @@ class GenerationRequest:
     reuse_prefix: bool = True
     draft: str | None = None
     prompt_tokens: tuple[int, ...] | None = None
+    continue_final: bool = False
 
     def __post_init__(self) -> None:
         check_draft(self.draft, allow_none=True)
@@ -392,6 +395,16 @@ class GenerationRequest:
                 # No token to start from: llama.cpp cannot decode an empty batch.
                 raise InvalidArgument("prompt is empty: give at least one character of text")
             check_text("prompt", self.prompt)
+        if self.continue_final and (
+            not self.messages
+            or self.messages[-1].get("role") != "assistant"
+            or not self.messages[-1]["content"].strip()
+        ):
+            raise InvalidArgument(
+                "continue_final continues a final assistant turn with text: the messages "
+                "must end with one",
+                param="messages",
+            )
         if self.prompt_tokens is not None:
             tokens = self.prompt_tokens
             if not isinstance(tokens, tuple) or not tokens:

@@ -144,7 +144,26 @@ def prompt_tokens(
         result = formatter(messages=list(request.messages or ()), tools=tools, **(options or {}))
     except Exception as exc:
         raise DecodeError(f"the chat template failed: {exc}") from exc
-    return tokenize(result.prompt, add_bos=not result.added_special, special=True)
+    prompt = result.prompt
+    if request.continue_final:
+        prompt = _cut_after_final_turn(prompt, (request.messages or ())[-1]["content"], name)
+    return tokenize(prompt, add_bos=not result.added_special, special=True)
+
+
+def _cut_after_final_turn(prompt: str, final: str, name: str) -> str:
+    """The rendered conversation up to the end of its final assistant turn's text, so
+    the reply continues it: what the template writes after that text (its end-of-turn
+    marker, a new turn's header) goes. A template that trims the text is matched on the
+    trimmed text; one that does not write it as given cannot be continued."""
+    for text in (final, final.strip()):
+        at = prompt.rfind(text)
+        if text and at >= 0:
+            return prompt[: at + len(text)]
+    raise InvalidArgument(
+        f"{name}'s chat template does not write the final assistant turn's text as "
+        "given, so the reply cannot continue it",
+        param="messages",
+    )
 
 
 class StopMatcher:

@@ -155,6 +155,12 @@ class RemoteEngine:
                 "decides what it caches",
                 param="cache_prompt",
             )
+        if request.continue_final:
+            raise InvalidArgument(
+                "continuing a final assistant turn is not supported by the remote engine: "
+                "the upstream renders the chat template",
+                param="messages",
+            )
         if request.draft == "lookup":
             raise InvalidArgument(
                 "draft: lookup is not supported by the remote engine: the upstream decides "

@@ -41,7 +41,7 @@ from starlette.responses import Response
 
 from ..._errors import InvalidArgument
 from ...belt import EndReason
-from ...engines import Piece
+from ...engines import GenerationRequest, Piece, SamplingParams
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
     Calls,
@@ -281,11 +281,27 @@ def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
     return dataclasses.replace(plan, grammar=fmt.grammar())
 
 
+def _request(
+    body: CountTokensRequest, plan: ToolPlan, sampling: SamplingParams
+) -> GenerationRequest:
+    """The request of a plan; a final assistant turn of text is continued (prefill)."""
+    request = plan.request(sampling)
+    if not body.continues_final():
+        return request
+    if plan.with_tools:
+        raise UnsupportedParameter(
+            f"messages[{len(body.messages) - 1}]",
+            "a final assistant turn to continue (prefill) together with tools a model may "
+            "call: send one or the other",
+        )
+    return dataclasses.replace(request, continue_final=True)
+
+
 @router.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")
 async def messages(body: MessagesRequest, path: Serving) -> Response:
     model = path.state.model_for(body.model or None)
     plan = _plan(body, model)
-    request = plan.request(sampling_from(body.sampling()))
+    request = _request(body, plan, sampling_from(body.sampling()))
     with _thinking_named():
         stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
     # Anthropic's SDKs read the request id from ``request-id``.
@@ -310,7 +326,7 @@ async def count_tokens(body: CountTokensRequest, path: Serving) -> dict[str, Any
     model = path.state.model_for(body.model or None)
     # ``thinking`` shapes the prompt (a template's switch), so it is counted with it.
     thinking = body.thinking.sampling() if body.thinking is not None else {}
-    request = _plan(body, model).request(sampling_from(thinking))
+    request = _request(body, _plan(body, model), sampling_from(thinking))
     with _thinking_named():
         tokens = await anyio.to_thread.run_sync(model.count_prompt_tokens, request)
     return {"input_tokens": tokens}

@@ -249,16 +249,28 @@ class CountTokensRequest(BaseModel):
             out.extend(_turns(m.role, m.content, f"messages[{i}]"))
         if last is None:
             raise UnsupportedParameter("messages", "system messages alone; send a user turn")
-        if self.messages[last].role == "assistant":
-            # Anthropic continues a final assistant turn; tokenbelt's chat template would
-            # start a new one instead, so say so rather than answer something else.
+        if self.messages[last].role == "assistant" and not self.continues_final():
+            # Anthropic continues a final assistant turn (prefill): its text, not a call.
             raise UnsupportedParameter(
                 f"messages[{last}]",
-                "a final assistant turn to continue (prefill); end with a user turn",
+                "a final assistant turn to continue (prefill) is text: no tool_use blocks, "
+                "not empty",
             )
         if system:
             out.insert(0, {"role": "system", "content": "\n\n".join(system)})
         return out
+
+    def continues_final(self) -> bool:
+        """The conversation ends with an assistant turn of text that the reply continues
+        (Anthropic's prefill)."""
+        final = [m for m in self.messages if m.role != "system"][-1:]
+        if not final or final[0].role != "assistant":
+            return False
+        content = final[0].content
+        if isinstance(content, str):
+            return bool(content.strip())
+        texts = [b for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        return len(texts) == len(content) and any(str(b.get("text", "")).strip() for b in texts)
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """``tools`` as OpenAI-shaped functions; only custom tools, the others by type."""
