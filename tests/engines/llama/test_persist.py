@@ -212,6 +212,20 @@ def test_a_corrupt_or_truncated_file_is_skipped_with_one_warning_each(
         engine.close()
 
 
+def test_a_conversation_longer_than_the_cache_leaves_its_head() -> None:
+    """A sequence longer than ``cache_tokens`` leaves its first ``cache_tokens`` (an
+    agent's long prompt starts with its instructions and tools: the part each turn
+    shares), not nothing."""
+    engine = load(None, cache_tokens=256)
+    try:
+        first = ask(engine, conversation(600, QUESTION))
+        again = ask(engine, conversation(600, QUESTION, "And the sky?"))
+    finally:
+        engine.close()
+    assert first.trace.prompt_tokens > 600
+    assert 200 < again.trace.cached_tokens <= 256
+
+
 def test_a_saved_set_larger_than_the_kv_cache_is_read_back_one_entry_at_a_time(
     tmp_path: Path,
 ) -> None:

@@ -27,7 +27,9 @@ Where a stop lands, per sequence:
 
 Prefix cache: a sequence that ends (naturally, or stopped: what it computed before the
 stop) leaves its cells' contents as a cache entry (up to ``cache_entries`` entries and
-``cache_tokens`` tokens, least recently used evicted first); one that failed does not.
+``cache_tokens`` tokens, least recently used evicted first; a sequence longer than
+``cache_tokens`` leaves its first ``cache_tokens``: a long agent prompt's instructions
+and tools are its shared part); one that failed does not.
 The load's warm-up step leaves one more: the chat template's head. Entries are held in
 this process's memory (``llama_state_seq_get_data``), not as cells of the KV cache:
 every row of a step looks at every cell up to the highest one in use, so cells kept
@@ -1552,8 +1554,12 @@ class BatchEngine:
         finally:
             seq.producer.release()
             if held >= 0:
-                if cache and self.cache_entries and 0 < seq.n_past <= self.cache_tokens:
-                    self._keep(held, seq.tokens[: seq.n_past])
+                if cache and self.cache_entries and seq.n_past > 0:
+                    # Longer than the cache holds: its head, where another turn starts too.
+                    kept = min(seq.n_past, self.cache_tokens)
+                    if kept < seq.n_past:
+                        self._lib.llama_memory_seq_rm(self._mem, held, kept, -1)
+                    self._keep(held, seq.tokens[:kept])
                 self._free(held)
 
     # -- prefix cache ------------------------------------------------------------------------
