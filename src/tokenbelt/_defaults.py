@@ -19,6 +19,8 @@ DEFAULT_SLOTS = 1
 DEFAULT_QUEUE_SIZE = 16
 #: the longest prompt-lookup draft one sequence verifies in a step
 DEFAULT_DRAFT_TOKENS = 16
+#: the most prompt tokens a model's prefix cache keeps (its entries, in memory)
+DEFAULT_CACHE_TOKENS = 4096
 #: seconds a batched step's prompt tokens may take while other streams decode: how long a
 #: long new prompt may pause them at a time (a step of 128 prompt tokens, the least, can
 #: take longer on a slow machine)

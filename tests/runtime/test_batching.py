@@ -296,6 +296,29 @@ def test_prefix_cache_reuses_a_shared_system_prompt(model: Model) -> None:
     assert ttft_2 < ttft_1
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_the_runtimes_cache_tokens_bound_what_a_prompt_leaves(isolation: str) -> None:
+    """``Runtime(cache_tokens=...)`` reaches the engine, in process or in a worker: a
+    prompt longer than the cache leaves its first ``cache_tokens``, and the memory
+    estimate counts that many tokens' worth."""
+    system = "You answer questions about this text. " + long_text(300)
+    with Runtime(keep_alive=None, n_ctx=2048, cache_tokens=128, isolation=isolation) as rt:
+        model = rt.load(str(default_model_path()))
+        turns = [
+            model.stream(
+                [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                max_tokens=2,
+                **GREEDY,
+            ).read()
+            for q in ("First?", "Second?")
+        ]
+        estimate = model.info["memory_estimate"]
+    assert turns[0].trace.prompt_tokens > 300
+    assert 100 < turns[1].trace.cached_tokens <= 128
+    # SmolLM2-135M: 30 layers x 3 KV heads x (64 + 64) x 2 bytes a token
+    assert estimate["cache"] == 30 * 3 * 128 * 2 * 128
+
+
 def test_greedy_text_alone_and_beside_other_sequences(plain: Model) -> None:
     """Greedy text of one prompt alone and in batches of four: the same start, not the
     same text.

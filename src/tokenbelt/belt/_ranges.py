@@ -120,6 +120,13 @@ RANGES: MappingProxyType[str, Range] = MappingProxyType(
             "prompt tokens per batched step; llama.cpp clamps it to its batch anyway, and the "
             "batch is an int32 count",
         ),
+        "cache_tokens": Range(
+            64,
+            MAX_CONTEXT,
+            "tokens",
+            "the most prompt tokens a model's prefix cache keeps in memory (a longer prompt "
+            "keeps its head); at least a chat template's head, at most the largest context",
+        ),
         "draft_tokens": Range(
             1,
             64,

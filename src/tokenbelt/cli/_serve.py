@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._defaults import (
+    DEFAULT_CACHE_TOKENS,
     DEFAULT_CAPACITY,
     DEFAULT_MAX_TOKENS,
     DEFAULT_QUEUE_SIZE,
@@ -256,6 +257,14 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         "the files are only a cache: removing them costs a prefill, not an answer)",
     )
     p.add_argument(
+        "--cache-tokens",
+        type=counted("cache_tokens"),
+        default=DEFAULT_CACHE_TOKENS,
+        help="the most prompt tokens each model's prefix cache keeps, in memory; a longer "
+        "prompt keeps its head: raise it for an agent whose prompt is longer "
+        f"(default {DEFAULT_CACHE_TOKENS})",
+    )
+    p.add_argument(
         "--prefix-cache-disk",
         type=byte_size,
         default=DEFAULT_PREFIX_CACHE_DISK,
@@ -486,6 +495,7 @@ def _runtime(args: argparse.Namespace) -> Runtime:
         memory_budget=default_budget() if budget is None else budget or None,
         prefix_cache_dir=_prefix_cache_dir(args),
         prefix_cache_disk=args.prefix_cache_disk,
+        cache_tokens=args.cache_tokens,
     )
 
 

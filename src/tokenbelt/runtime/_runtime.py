@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._defaults import (
+    DEFAULT_CACHE_TOKENS,
     DEFAULT_CAPACITY,
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_PREFILL_GAP,
@@ -85,6 +86,9 @@ class Runtime:
     attention, which q8_0 values need). ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
     start, so a prompt's arithmetic depends only on its batch, not on what ran before.
+    ``cache_tokens`` is the most prompt tokens each model's prefix cache keeps (8
+    entries, in memory: about as much as that many KV cells; a longer prompt keeps its
+    first ``cache_tokens``).
     ``prefix_cache_dir`` (None: off, nothing is written) keeps a model's prefix cache
     across an unload: it is written there when the model unloads, within
     ``prefix_cache_disk`` bytes for all models together (default 1 GiB), and read back
@@ -130,6 +134,7 @@ class Runtime:
         prefix_cache_disk: int = DEFAULT_PREFIX_CACHE_DISK,
         draft: str = "off",
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        cache_tokens: int = DEFAULT_CACHE_TOKENS,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(
@@ -152,6 +157,8 @@ class Runtime:
         self.draft = draft
         #: the longest draft one sequence verifies in a step
         self.draft_tokens = int(check("draft_tokens", draft_tokens))
+        #: the most prompt tokens each model's prefix cache keeps
+        self.cache_tokens = int(check("cache_tokens", cache_tokens))
         self.n_threads = check_threads("n_threads", n_threads)
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
@@ -417,6 +424,7 @@ class Runtime:
             "prefill_chunk": self.prefill_chunk,
             "prefill_gap": self.prefill_gap,
             "cache_entries": 8 if self.prefix_cache else 0,
+            "cache_tokens": self.cache_tokens,
             "name": name,
             "force_n_ctx": self.force_n_ctx,
             "kv_type": self.kv_type,
@@ -437,7 +445,7 @@ class Runtime:
         def factory() -> list[Engine]:
             path, resolved = self._resolve(alias, device, progress)  # may download
             info.update(resolved)
-            cells = 4096 if options_of_engine["cache_entries"] else 0
+            cells = self.cache_tokens if options_of_engine["cache_entries"] else 0
             need = estimate(
                 path, slots=n_slots, n_ctx=n_ctx, cache_tokens=cells, kv_type=self.kv_type
             )
