@@ -82,6 +82,7 @@ NOT_HTTP = {
     "n_ctx",
     "threads",
     "prefill_chunk",
+    "cache_tokens",
     "draft_tokens",
     "upstream_concurrency",
     "delay",
