@@ -1587,17 +1587,32 @@ class BatchEngine:
         ):
             self._evict(self._cache[0])
 
+    def _set_state(self, seq_id: int, tokens: list[int], state: Any) -> bool:
+        """Put ``state`` into sequence ``seq_id``'s cells; whether they now hold exactly
+        the positions of ``tokens`` (else they would serve a prefix they do not hold)."""
+        lib = self._lib
+        got = lib.llama_state_seq_set_data(self._ctx.ctx, state, len(state), seq_id)
+        return got != 0 and int(lib.llama_memory_seq_pos_max(self._mem, seq_id)) + 1 == len(tokens)
+
+    def _accepts(self, tokens: list[int], state: Any) -> bool:
+        """Whether llama.cpp takes ``state`` as the cells of ``tokens``: checked in a free
+        sequence, freed again (a saved entry, read back before any request runs)."""
+        seq_id = self._take_id()
+        try:
+            return self._set_state(seq_id, tokens, state)
+        finally:
+            self._free(seq_id)
+
     def _load_entry(self, entry: _CacheEntry, seq_id: int, reuse: int) -> bool:
         """Put ``entry``'s cells back as sequence ``seq_id``'s first ``reuse`` tokens;
         False (and nothing left in it) when llama.cpp did not take them."""
-        lib, mem = self._lib, self._mem
-        got = lib.llama_state_seq_set_data(self._ctx.ctx, entry.state, len(entry.state), seq_id)
-        if got == 0 or int(lib.llama_memory_seq_pos_max(mem, seq_id)) + 1 != len(entry.tokens):
-            lib.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        mem = self._mem
+        if not self._set_state(seq_id, entry.tokens, entry.state):
+            self._lib.llama_memory_seq_rm(mem, seq_id, -1, -1)
             logger.warning("%s: a prefix-cache entry did not go back in; dropped", self.name)
             self._evict(entry)
             return False
-        lib.llama_memory_seq_rm(mem, seq_id, reuse, -1)
+        self._lib.llama_memory_seq_rm(mem, seq_id, reuse, -1)
         return True
 
     def _evict(self, entry: _CacheEntry) -> None:
@@ -1614,11 +1629,7 @@ class BatchEngine:
         if self._store is None:
             return
         restored = self._store.restore(
-            self._lib,
-            self._ctx.ctx,
-            self._mem,
-            self._free_ids.pop,
-            self._free_ids.append,
+            self._accepts,
             max_entries=self.cache_entries,
             max_tokens=self.cache_tokens,
             max_entry_tokens=self.context_length,

@@ -140,11 +140,7 @@ class PrefixStore:
 
     def restore(
         self,
-        lib: Any,
-        ctx: Any,
-        mem: Any,
-        take_id: Callable[[], int],
-        give_id: Callable[[int], None],
+        accepts: Callable[[list[int], Any], bool],
         *,
         max_entries: int,
         max_tokens: int,
@@ -153,10 +149,10 @@ class PrefixStore:
     ) -> list[Restored]:
         """Read the saved entries, most recently used first, while they fit in
         ``max_entries`` and ``max_tokens``; first remove the model's stale sets. Each is
-        checked in a sequence from ``take_id`` (one at a time: the KV cache has cells for
-        the running sequences only) and its cells freed again; one longer than
-        ``max_entry_tokens`` (a sequence's cells) could serve no request and is skipped.
-        Returns them most recently used first."""
+        kept only if ``accepts(tokens, state)`` (llama.cpp takes the state as the cells
+        of exactly those tokens); one longer than ``max_entry_tokens`` (a sequence's
+        cells) could serve no request and is skipped. Returns them most recently used
+        first."""
         try:
             self._remove_stale()
             files = sorted(self.dir.glob("*" + _SUFFIX)) if self.dir.is_dir() else []
@@ -172,14 +168,7 @@ class PrefixStore:
             if read is None:
                 continue
             tokens, state = read
-            seq_id = take_id()
-            got = lib.llama_state_seq_set_data(ctx, state, len(state), seq_id)
-            # The cells must hold exactly the tokens' positions, or they would serve a
-            # prefix they do not hold.
-            taken = got != 0 and int(lib.llama_memory_seq_pos_max(mem, seq_id)) + 1 == len(tokens)
-            lib.llama_memory_seq_rm(mem, seq_id, -1, -1)
-            give_id(seq_id)
-            if not taken:
+            if not accepts(tokens, state):
                 self._reject(file, "llama.cpp did not accept its state")
                 continue
             restored.append(Restored(tokens, state))
