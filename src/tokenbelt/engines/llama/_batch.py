@@ -434,7 +434,9 @@ class BatchEngine:
             if n_threads is None and n_threads_batch is None
             else None
         )
-        self.n_seq_max = self.slots + self.cache_entries
+        # One sequence id a running request: cache entries hold none (they are copies in
+        # memory), and the load's warm-up and restore use one while nothing runs.
+        self.n_seq_max = self.slots
         self._open(path, n_ctx, n_gpu_layers, force_n_ctx, kv_type, flash_attn)
         self._read_model(reasoning)
         self._init_loop_state()
@@ -1064,7 +1066,7 @@ class BatchEngine:
             self._prefix_tokens += reuse
 
     def _take_id(self) -> int:
-        if not self._free_ids:  # pragma: no cover - ids are sized for slots and more
+        if not self._free_ids:  # pragma: no cover - at most ``slots`` requests hold one
             raise IllegalState("no free sequence id")
         return self._free_ids.pop()
 
