@@ -214,7 +214,8 @@ async def _leave(url: str, name: str, bias: dict[str, float]) -> dict[str, float
         return (r["chunks"][0] - r["sent"]) * 1000 if r["chunks"] else float("nan")
 
     out: dict[str, float] = {}
-    async with httpx.AsyncClient(timeout=600) as c:
+    # Fresh connections here too (FRESH): a run ended on "Server disconnected" here.
+    async with httpx.AsyncClient(timeout=600, limits=FRESH) as c:
         idle = statistics.median([await probe(c, f"idle {i}") for i in range(3)])
         await _stream(c, url, _body(name, "Count the waves.", 400, bias), leave_after=10)
         out["leave_decode_ms"] = await probe(c, "decode") - idle
