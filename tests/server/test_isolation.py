@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import plainhttp
+from niceness import niceness
 from serving import serve_default_model
 
 pytestmark = pytest.mark.model
@@ -105,3 +106,23 @@ def test_kill_9_of_the_worker_mid_stream_over_http(tmp_path: Path) -> None:
     while psutil.pid_exists(worker["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not psutil.pid_exists(worker["pid"])
+
+
+def test_serve_decode_nice_reaches_the_worker_s_decode_threads_only(tmp_path: Path) -> None:
+    """``--decode-nice 3``: the worker's engine thread and llama.cpp's threads run 3
+    nicer; its main thread (the one that reads stops) and every thread of the server
+    keep their priority."""
+    extra = ("--isolation", "process", "--decode-nice", "3", "--threads", "2")
+    with serve_default_model(tmp_path, 90.0, extra) as url:
+        health = plainhttp.get(f"{url}/health", timeout=NET).json()
+        (name,) = health["models"]
+        pid = health["workers"][name]["pid"]
+        body = {"model": name, "messages": HELLO, "max_tokens": 4}
+        assert plainhttp.post(f"{url}/v1/chat/completions", json=body, timeout=NET).is_success
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        worker = niceness(pid)
+        assert worker[pid] == base
+        assert sum(1 for nice in worker.values() if nice == base + 3) >= 2, worker
+        server = psutil.Process(pid).parent()
+        assert server is not None
+        assert set(niceness(server.pid).values()) == {base}

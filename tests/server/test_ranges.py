@@ -83,6 +83,7 @@ NOT_HTTP = {
     "threads",
     "prefill_chunk",
     "cache_tokens",
+    "decode_nice",
     "draft_tokens",
     "upstream_concurrency",
     "delay",

@@ -127,6 +127,13 @@ RANGES: MappingProxyType[str, Range] = MappingProxyType(
             "the most prompt tokens a model's prefix cache keeps in memory (a longer prompt "
             "keeps its head); at least a chat template's head, at most the largest context",
         ),
+        "decode_nice": Range(
+            0,
+            19,
+            "",
+            "how much nicer than the rest of the process the decode threads run: 0 is the same "
+            "priority, 19 the least a thread can have; a negative value would need privileges",
+        ),
         "draft_tokens": Range(
             1,
             64,

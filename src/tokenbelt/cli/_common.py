@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from .._defaults import DEFAULT_PREFILL_GAP
+from .._defaults import DEFAULT_DECODE_NICE, DEFAULT_PREFILL_GAP
 from .._errors import InvalidArgument
 from ..belt import check, check_capacity, check_duration, check_keep_alive
 
@@ -218,8 +218,8 @@ def add_isolation_options(
 
 
 def add_thread_options(p: argparse.ArgumentParser) -> None:
-    """``--threads``, ``--threads-batch``, ``--prefill-chunk`` and ``--prefill-gap``,
-    shared by the commands that load a model."""
+    """``--threads``, ``--threads-batch``, ``--decode-nice``, ``--prefill-chunk`` and
+    ``--prefill-gap``, shared by the commands that load a model."""
     p.add_argument(
         "--threads",
         type=thread_count,
@@ -231,6 +231,15 @@ def add_thread_options(p: argparse.ArgumentParser) -> None:
         type=thread_count,
         default=None,
         help="llama.cpp prompt threads (default: every core this process may use)",
+    )
+    p.add_argument(
+        "--decode-nice",
+        type=counted("decode_nice"),
+        default=DEFAULT_DECODE_NICE,
+        metavar="N",
+        help="how much nicer than the server's own threads llama.cpp's decode threads run, "
+        "0 to 19, Linux only: the thread that sends a token gets a core at once "
+        f"(default {DEFAULT_DECODE_NICE}; 0: the same priority)",
     )
     p.add_argument(
         "--prefill-chunk",

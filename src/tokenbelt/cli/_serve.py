@@ -488,6 +488,7 @@ def _runtime(args: argparse.Namespace) -> Runtime:
         draft=args.draft,
         n_threads=args.threads,
         n_threads_batch=args.threads_batch,
+        decode_nice=args.decode_nice,
         prefill_chunk=args.prefill_chunk,
         prefill_gap=args.prefill_gap,
         isolation=args.isolation,

@@ -13,6 +13,7 @@ from typing import Any
 from .._defaults import (
     DEFAULT_CACHE_TOKENS,
     DEFAULT_CAPACITY,
+    DEFAULT_DECODE_NICE,
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_PREFILL_GAP,
     DEFAULT_QUEUE_SIZE,
@@ -40,6 +41,7 @@ from ..engines import (
     UpstreamModel,
     UpstreamPool,
     WorkerEngine,
+    check_decode_nice,
     check_disk_budget,
     check_draft,
     check_threads,
@@ -99,6 +101,10 @@ class Runtime:
     each request measures whether it pays and stops drafting when it does not. The text
     is the same either way (``"off"``, the default, never drafts); ``draft_tokens`` is
     the longest draft verified in one step.
+    ``decode_nice`` (0 to 19, Linux only; default ``DEFAULT_DECODE_NICE``, 10 on Linux)
+    is how much nicer than the rest of this process (a worker: than its parent) each
+    model's decode threads run, so the thread that delivers a token gets a core at once
+    on a machine the decode keeps busy; 0 runs them at this process's priority.
     ``isolation`` says where a loaded model runs: ``"thread"`` (in this process, the
     cheapest path) or ``"process"`` (a worker process per model: a native crash ends
     that model's running requests with ``runtime_error`` instead of this process, the
@@ -135,6 +141,7 @@ class Runtime:
         draft: str = "off",
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
+        decode_nice: int = DEFAULT_DECODE_NICE,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(
@@ -159,6 +166,8 @@ class Runtime:
         self.draft_tokens = int(check("draft_tokens", draft_tokens))
         #: the most prompt tokens each model's prefix cache keeps
         self.cache_tokens = int(check("cache_tokens", cache_tokens))
+        #: how much nicer than the rest of the process each model's decode threads run
+        self.decode_nice = check_decode_nice(decode_nice)
         self.n_threads = check_threads("n_threads", n_threads)
         self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
         self._observers: list[Observer] = list(observers)
@@ -412,6 +421,7 @@ class Runtime:
             prefill_chunk=self.prefill_chunk,
             prefill_gap=self.prefill_gap,
             kv_type=self.kv_type,
+            decode_nice=self.decode_nice,
         )
 
         info["isolation"] = self.isolation
@@ -433,6 +443,7 @@ class Runtime:
             "prefix_cache_disk": self.prefix_cache_disk,
             "draft": self.draft,
             "draft_tokens": self.draft_tokens,
+            "decode_nice": self.decode_nice,
         }
 
         def build(path: Path) -> Engine:

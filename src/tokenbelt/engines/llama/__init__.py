@@ -41,6 +41,7 @@ from ._persist import DEFAULT_PREFIX_CACHE_DISK, check_disk_budget
 from ._reasoning import ReasoningFormat, detect_reasoning, template_options
 from ._single import LlamaEngine
 from ._threads import (
+    check_decode_nice,
     check_threads,
     default_threads,
     usable_cores,
@@ -63,6 +64,7 @@ __all__ = [
     "amx_safe",
     "call_arguments",
     "chat_formatter",
+    "check_decode_nice",
     "check_disk_budget",
     "check_enforceable",
     "check_fits",

@@ -78,7 +78,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ..._defaults import DEFAULT_DRAFT_TOKENS, DEFAULT_PREFILL_GAP
+from ..._defaults import DEFAULT_DECODE_NICE, DEFAULT_DRAFT_TOKENS, DEFAULT_PREFILL_GAP
 from ..._errors import (
     Cancelled,
     DecodeError,
@@ -125,8 +125,10 @@ from ._reasoning import (
 )
 from ._threads import (
     ThreadTuner,
+    check_decode_nice,
     check_threads,
     default_threads,
+    lower_this_thread,
     set_threads,
     system_load,
     thread_candidates,
@@ -359,6 +361,10 @@ class BatchEngine:
     steps (the flash kernel's sums depend on the batch's shape), at the price of
     attention over every cell in use (``FLASH_ATTN``; a q8_0 cache needs it).
 
+    ``decode_nice`` (0 to 19; ``DEFAULT_DECODE_NICE``, Linux only) makes the engine thread
+    and llama.cpp's threads that much nicer than the rest of the process: a thread with a
+    token to deliver gets a core at once instead of waiting out a decode thread's slice.
+
     ``draft="lookup"`` drafts by prompt lookup (up to ``draft_tokens`` tokens a step) for
     every request that does not say otherwise (``GenerationRequest.draft``); each such
     request measures whether it pays and stops drafting when it does not.
@@ -389,6 +395,7 @@ class BatchEngine:
         prefix_cache_disk: int = DEFAULT_PREFIX_CACHE_DISK,
         draft: str = "off",
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        decode_nice: int = DEFAULT_DECODE_NICE,
     ) -> None:
         import llama_cpp
 
@@ -404,6 +411,9 @@ class BatchEngine:
             raise InvalidArgument(f"a {kv_type} KV cache needs flash attention (not 'off')")
         check_disk_budget(prefix_cache_disk)
         check_draft(draft)
+        #: how much nicer than the rest of the process the engine thread and llama.cpp's
+        #: threads run (``DEFAULT_DECODE_NICE``)
+        self.decode_nice = check_decode_nice(decode_nice)
         #: the drafting of a request that asks for none of its own (``DRAFT_MODES``)
         self.draft = draft
         #: the longest draft one sequence verifies in a step
@@ -845,6 +855,8 @@ class BatchEngine:
         broken: BaseException | None = None
         try:
             try:
+                # Before the warm-up's first step starts llama.cpp's threads: they inherit it.
+                lower_this_thread(self.decode_nice)
                 self._restore()
                 self._warm_up()
             finally:

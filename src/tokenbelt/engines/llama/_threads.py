@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
+import threading
 from collections import deque
 from typing import Any
 
+from ..._errors import InvalidArgument
 from ...belt import check
 
 #: samples of a step's cost kept per kind and thread count; the cost is their median
@@ -59,6 +62,30 @@ def check_threads(name: str, value: int | None) -> int | None:
     if value is None:
         return None
     return int(check("threads", value, label=name))
+
+
+def check_decode_nice(value: int) -> int:
+    """Reject a ``decode_nice`` outside 0 to 19, or above 0 where a thread's niceness is
+    not its own (only Linux has it)."""
+    nice = int(check("decode_nice", value))
+    if nice and sys.platform != "linux":
+        raise InvalidArgument(
+            f"decode_nice is Linux only (a thread's own priority), got {nice}; use 0 here"
+        )
+    return nice
+
+
+def lower_this_thread(nice: int) -> None:
+    """Make the calling thread ``nice`` nicer than it is now (at most 19).
+
+    Called by the engine thread before its first step: the threads llama.cpp's OpenMP
+    runtime starts from it inherit the niceness, so the whole decode yields a core to a
+    thread of the process that has a token to deliver; the other threads keep theirs.
+    """
+    if nice <= 0:
+        return
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
 def set_threads(lib: Any, ctx: Any, threads: int, current: int) -> int:
