@@ -13,8 +13,9 @@ round, and medians over rounds are reported.
 
 For 1, 2, 4, 8 and 16 concurrent streams (``--streams``), every request streamed with a
 distinct prompt, greedy, with the end tokens banned by ``logit_bias`` so each makes
-``--tokens`` tokens; fewer than 4 streams run in waves, one after the other, until 4
-requests were timed (one lone request's first token is too noisy a sample):
+``--tokens`` tokens; fewer than 8 streams run in waves, one after the other, until 8
+requests were timed (``WAVE_REQUESTS``: one lone request's first token is too noisy a
+sample):
 
 - ``{side}_tok_s_{n}``: aggregate completion tokens/s (first send to last end of each wave);
 - ``{side}_ttft_p50_ms_{n}`` / ``_ttft_p95_ms_``: time to first token;
@@ -59,8 +60,10 @@ from tokenbelt.engines import load_vocab
 from tokenbelt.models import default_model_path
 
 SIDES = ("process", "thread", "llama-server")
-#: a concurrency runs in waves until this many requests were timed (4 waves of 1, 2 of 2)
-WAVE_REQUESTS = 4
+#: a concurrency runs in waves until this many requests were timed (8 waves of 1, 4 of 2,
+#: 2 of 4): with 4, a lone stream's time-to-first-token median was 4 samples, and moved
+#: by 5-8 ms from run to run, more than between the servers
+WAVE_REQUESTS = 8
 #: every request on a connection of its own, on both sides (llama-server drops a
 #: kept-alive connection after a streamed answer now and then: the next request fails)
 FRESH = httpx.Limits(max_connections=64, max_keepalive_connections=0)
