@@ -96,3 +96,20 @@ def test_zero_leaves_every_thread_as_it_was() -> None:
 def test_a_niceness_outside_0_to_19_is_refused_before_loading(bad: object) -> None:
     with pytest.raises(InvalidArgument, match="decode_nice must be an integer from 0 to 19"):
         BatchEngine(default_model_path(), decode_nice=bad)  # type: ignore[arg-type]
+
+
+def test_a_sandbox_that_forbids_it_leaves_the_priority_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed ``setpriority`` (seccomp, a container's policy) must not end the engine's
+    loop: the decode keeps the process's priority and the log says why."""
+    from tokenbelt.engines.llama import _threads
+
+    def refuse(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(_threads.os, "setpriority", refuse)
+    with caplog.at_level("WARNING", logger="tokenbelt.engines.batch"):
+        _threads.lower_this_thread(5)
+    assert "keep the process's priority: [Errno 1] Operation not permitted" in caplog.text
+    assert niceness(os.getpid())[threading.get_native_id()] == os.getpriority(os.PRIO_PROCESS, 0)

@@ -10,6 +10,7 @@ this process is allowed to run on (its CPU affinity, so a container or a
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import sys
@@ -19,6 +20,8 @@ from typing import Any
 
 from ..._errors import InvalidArgument
 from ...belt import check
+
+logger = logging.getLogger("tokenbelt.engines.batch")
 
 #: samples of a step's cost kept per kind and thread count; the cost is their median
 WINDOW = 9
@@ -85,7 +88,10 @@ def lower_this_thread(nice: int) -> None:
     if nice <= 0:
         return
     tid = threading.get_native_id()
-    os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:  # a sandbox that forbids it: the decode keeps its priority
+        logger.warning("the decode threads keep the process's priority: %s", exc)
 
 
 def set_threads(lib: Any, ctx: Any, threads: int, current: int) -> int:
