@@ -17,6 +17,9 @@ DEFAULT_CAPACITY = 8
 #: sequences a model decodes together in one context (``Runtime``; ``tokenbelt serve``
 #: batches ``SERVE_SLOTS``)
 DEFAULT_SLOTS = 1
+#: tokens each request may hold (the prompt and the reply), unless a model was trained on
+#: fewer (then that many) or a user gives another context
+DEFAULT_N_CTX = 4096
 #: requests a model's admission queue holds before it refuses more
 DEFAULT_QUEUE_SIZE = 16
 #: the longest prompt-lookup draft one sequence verifies in a step

@@ -219,9 +219,10 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n-ctx",
         type=n_ctx,
-        default=4096,
-        help="tokens each request may hold (default 4096; at least 64, at most what the "
-        "model was trained on unless --force-n-ctx)",
+        default=None,
+        help="tokens each request may hold; not given, lowered to what a model was "
+        "trained on (default 4096; at least 64, at most what the model was trained on "
+        "unless --force-n-ctx)",
     )
     p.add_argument(
         "--force-n-ctx",
@@ -414,10 +415,11 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
-def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int) -> None:
-    """Fail fast on an alias the catalog does not know (or an ``--n-ctx`` past what it
-    was trained on), before binding anything; downloading and loading then happen in
-    the background."""
+def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int | None) -> None:
+    """Fail fast on an alias the catalog does not know (or a given ``--n-ctx`` past what
+    a chat model was trained on), before binding anything; downloading and loading then
+    happen in the background. The default context is lowered to fit each model, and an
+    embedding or rerank model takes at most its own, whatever is given."""
     from ..runtime import Runtime
 
     if alias and Runtime.name_for(alias) == alias:
@@ -427,7 +429,8 @@ def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int) -> N
         if find_remote(alias, home) is None:
             choice = choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
             trained = choice.entry.context_length
-            if trained and n_ctx > trained and not args.force_n_ctx:
+            chat = choice.entry.kind == "chat"
+            if chat and n_ctx is not None and trained and n_ctx > trained and not args.force_n_ctx:
                 fail(
                     f"n_ctx {n_ctx} is more than {alias} was trained on ({trained} "
                     "tokens): give a smaller --n-ctx, or add --force-n-ctx",

@@ -15,11 +15,18 @@ from .._defaults import (
     DEFAULT_CAPACITY,
     DEFAULT_DECODE_NICE,
     DEFAULT_DRAFT_TOKENS,
+    DEFAULT_N_CTX,
     DEFAULT_PREFILL_GAP,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_SLOTS,
 )
-from .._errors import InvalidArgument, RuntimeClosed, UnknownModel, UpstreamUnavailable
+from .._errors import (
+    InvalidArgument,
+    ModelError,
+    RuntimeClosed,
+    UnknownModel,
+    UpstreamUnavailable,
+)
 from ..belt import (
     RANGES,
     DeadlineTimer,
@@ -48,7 +55,7 @@ from ..engines import (
     default_threads,
     list_models,
 )
-from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, resolve_and_fetch
+from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, read_gguf_info, resolve_and_fetch
 from ._memory import MemoryBudget, estimate
 from ._model import Model
 
@@ -59,6 +66,15 @@ ISOLATIONS = ("thread", "process")
 
 #: the smallest context a sequence may have: a chat template, a short turn and a reply
 MIN_N_CTX = int(RANGES["n_ctx"].low)
+
+
+def trained_context(path: Path) -> int | None:
+    """The context a GGUF file says its model was trained on (None: not said, or the
+    file cannot be read; its load then says why)."""
+    try:
+        return read_gguf_info(path).context_length
+    except ModelError:
+        return None
 
 
 def check_n_ctx(value: int) -> int:
@@ -83,7 +99,8 @@ class Runtime:
     running streams, a later first token for a long new prompt; ``prefill_gap=0``:
     exactly ``prefill_chunk`` tokens). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
     a chat template and a short turn) and at most what the model was trained on, unless
-    ``force_n_ctx``. ``kv_type`` is the KV cache's element type: ``"f16"`` or
+    ``force_n_ctx``; not given, it is ``DEFAULT_N_CTX`` (4096) or what each model was
+    trained on, whichever is less. ``kv_type`` is the KV cache's element type: ``"f16"`` or
     ``"q8_0"`` (about half the cache's memory; it turns on llama.cpp's flash
     attention, which q8_0 values need). ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
@@ -124,7 +141,7 @@ class Runtime:
         capacity: int = DEFAULT_CAPACITY,
         limits: Limits | None = None,
         keep_alive: float | None = 300.0,
-        n_ctx: int = 4096,
+        n_ctx: int | None = None,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         prefill_chunk: int = 128,
@@ -152,7 +169,9 @@ class Runtime:
         self.capacity = check_capacity(capacity)
         self.limits = limits or Limits()
         self.keep_alive = check_keep_alive(keep_alive)
-        self.n_ctx = check_n_ctx(n_ctx)
+        #: each request's context; given (not the default), a model trained on less refuses it
+        self.n_ctx = check_n_ctx(n_ctx) if n_ctx is not None else DEFAULT_N_CTX
+        self._n_ctx_given = n_ctx is not None
         #: load with an ``n_ctx`` past what the model was trained on
         self.force_n_ctx = force_n_ctx
         if kv_type not in KV_TYPES:
@@ -408,11 +427,15 @@ class Runtime:
         info = self._describe(alias, device)
 
         threads, threads_batch = default_threads()
+        given = n_ctx is not None or self._n_ctx_given
         n_ctx = check_n_ctx(n_ctx) if n_ctx is not None else self.n_ctx
-        if info.get("kind", "chat") != "chat" and info.get("context_length"):
-            # An embedding or rerank model is loaded at most at the context it was
-            # trained for (its inputs may hold no more), not refused for the chat default.
-            n_ctx = min(n_ctx, int(info["context_length"]))
+        trained = info.get("context_length")
+        if trained and (not given or info.get("kind", "chat") != "chat"):
+            # The default context is lowered to what the model was trained on, not refused
+            # (a model beside another, trained on less); so is any context of an embedding
+            # or rerank model (its inputs may hold no more). A chat model refuses a given
+            # one past it (unless ``force_n_ctx``).
+            n_ctx = min(n_ctx, int(trained))
         info.update(
             slots=n_slots,
             n_ctx_per_seq=n_ctx,
@@ -485,7 +508,11 @@ class Runtime:
         context, pooling), or the file's name. Raises ``UnknownModel`` for an alias the
         catalog does not have."""
         if alias.endswith(".gguf") and Path(alias).is_file():
-            return {"path": str(alias), "variant": Path(alias).name}
+            return {
+                "path": str(alias),
+                "variant": Path(alias).name,
+                "context_length": trained_context(Path(alias)),
+            }
         from ..models import Catalog, Home, ModelCache, choose_variant
 
         home = Home.from_env()
