@@ -126,3 +126,56 @@ def test_serve_decode_nice_reaches_the_worker_s_decode_threads_only(tmp_path: Pa
         server = psutil.Process(pid).parent()
         assert server is not None
         assert set(niceness(server.pid).values()) == {base}
+
+
+def test_a_sigterm_to_the_process_group_shuts_down_without_a_worker_crash(
+    tmp_path: Path,
+) -> None:
+    """A service manager's stop (systemd: SIGTERM to every process of the unit) reaches
+    the worker too: it waits for the server to end it instead of dying first, which the
+    server logged as a crash and answered with a restart during its own shutdown. A
+    SIGTERM to the worker alone is said in the log and changes nothing."""
+    import subprocess
+    import sys
+
+    from serving import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "tokenbelt", "serve", "--isolation", "process"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "info"]
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 90.0
+        while True:
+            assert server.poll() is None, log.read_text()
+            try:
+                health = plainhttp.get(f"{url}/health", timeout=2.0).json()
+                if health.get("status") == "ok":
+                    break
+            except Exception:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        (name,) = health["models"]
+        pid = health["workers"][name]["pid"]
+        os.kill(pid, signal.SIGTERM)
+        body = {"model": name, "messages": HELLO, "max_tokens": 4}
+        assert plainhttp.post(f"{url}/v1/chat/completions", json=body, timeout=NET).is_success
+        worker = plainhttp.get(f"{url}/health", timeout=NET).json()["workers"][name]
+        assert (worker["pid"], worker["restarts"]) == (pid, 0)
+        os.killpg(server.pid, signal.SIGTERM)
+        assert server.wait(NET) == 0, log.read_text()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    text = log.read_text()
+    assert f"engine worker {pid}: SIGTERM ignored" in text
+    assert "killed by signal" not in text, text
+    assert "engine worker" not in text.replace(f"engine worker {pid}", ""), text  # no other
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

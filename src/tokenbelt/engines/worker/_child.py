@@ -416,10 +416,21 @@ def _info(engine: BatchEngine) -> dict[str, Any]:
     }
 
 
+def _say_sigterm_waits(signum: int, frame: object) -> None:
+    os.write(
+        2,
+        f"engine worker {os.getpid()}: SIGTERM ignored: the server ends its worker when it "
+        "shuts down (SIGKILL ends it now)\n".encode(),
+    )
+
+
 def main(argv: list[str]) -> int:
-    # A Ctrl-C in a terminal reaches the whole process group: the parent decides when
-    # its worker ends (it closes the pipe), so the worker ignores it.
+    # A Ctrl-C in a terminal reaches the whole process group, and so does a service
+    # manager's SIGTERM (systemd's stop signals every process of the unit): the parent
+    # decides when its worker ends (it closes the pipe), so the worker ignores both, or a
+    # server's graceful shutdown would begin with its worker's crash and a restart.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _say_sigterm_waits)
     link = _Link(Connection(int(argv[1])))
     try:
         load = decode(link.conn.recv())
