@@ -724,3 +724,26 @@ def test_a_claude_code_request_streams_an_anthropic_message(served: Served) -> N
     assert delta["usage"]["input_tokens"] == trace.prompt_tokens - trace.cached_tokens
     assert delta["usage"]["cache_read_input_tokens"] == trace.cached_tokens
     assert delta["usage"]["output_tokens"] == trace.completion_tokens <= 8
+
+
+def test_service_tier_is_accepted_with_anthropics_values(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    """The anthropic SDK's ``service_tier`` argument: one tier here, so ``auto`` and
+    ``standard_only`` ask the same; any other value is a 400 naming the field."""
+    for tier in ("auto", "standard_only"):
+        reply = client.messages.create(
+            model=name(served),
+            max_tokens=4,
+            messages=SEA,
+            extra_body=GREEDY,
+            service_tier=tier,  # type: ignore[arg-type]
+        )
+        assert text_of(reply)
+    with pytest.raises(anthropic.BadRequestError, match="service_tier"):
+        client.messages.create(
+            model=name(served),
+            max_tokens=4,
+            messages=SEA,
+            service_tier="priority",  # type: ignore[arg-type]
+        )

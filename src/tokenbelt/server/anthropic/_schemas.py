@@ -5,8 +5,9 @@ planner takes (``core.plan_tools``): a ``tool_use`` block is an assistant turn's
 ``tool_result`` block a ``tool`` turn with its ``tool_call_id``. Only ``custom`` tools
 (name, description, ``input_schema``) can be had: Anthropic's server tools (web search,
 bash, the text editor, code execution...) run on Anthropic's side, and are refused by
-their type. Unknown fields are refused by name. Two fields that ask nothing of the
-model are accepted and have no effect: ``metadata`` (a caller's own labels) and
+their type. Unknown fields are refused by name. Three fields that ask nothing of the
+model are accepted and have no effect: ``metadata`` (a caller's own labels),
+``service_tier`` (``auto`` or ``standard_only``: there is one tier here) and
 ``cache_control``, on the request, a block or a tool (a prompt-caching hint); so are
 ``thinking``, ``context_management`` and ``output_config`` where their value asks for
 nothing this server would do otherwise (``_options``).
@@ -316,6 +317,9 @@ class MessagesRequest(CountTokensRequest):
     top_k: ranges.TopK = None
     metadata: dict[str, Any] | None = Field(None, description="accepted; has no effect")
     cache_control: dict[str, Any] | None = Field(None, description="accepted; has no effect")
+    service_tier: Literal["auto", "standard_only"] | None = Field(
+        None, description="accepted; one tier here, so either value asks the same"
+    )
     tokenbelt: TokenbeltOptions | None = None
 
     def sampling(self) -> dict[str, object]:
