@@ -376,6 +376,8 @@ class Model(ChatCalls, EmbeddingCalls):
                 self._attempts += 1
                 self._load_error = exc
                 self._changed.notify_all()
+            # The requests that waited get the reason; the log keeps it for the operator.
+            logger.error("model %s could not be loaded: %s", self.name, exc)
             raise
         with self._lock:
             self._attempts += 1

@@ -130,6 +130,12 @@ def _answer_for(
     if isinstance(exc, errors.UnknownModel):
         code = "model_not_found"
         return answer(404, text, "invalid_request_error", code, param="model"), code
+    if isinstance(exc, errors.ModelError):
+        # Known, but its file cannot be had (not downloaded and the hub out of reach, a
+        # checksum that does not match): an immediate retry would only download again.
+        code = "model_unavailable"
+        head = {**retry, **NO_RETRY}
+        return answer(503, text, "service_unavailable", code, param="model", headers=head), code
     if isinstance(exc, errors.PromptTooLong):
         code = "context_length_exceeded"
         return answer(400, text, "invalid_request_error", code), code
