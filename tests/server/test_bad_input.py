@@ -162,6 +162,18 @@ def test_unknown_model_lists_the_available_aliases(served: Served) -> None:
     assert "available: scripted" in message
 
 
+def test_a_catalog_alias_this_server_does_not_serve_says_how_to_serve_it(
+    served: Served,
+) -> None:
+    body = chat_body(model="smollm2-135m")  # the built-in catalog's, not served here
+    response = plainhttp.post(f"{served.url}{CHAT}", json=body, timeout=NET)
+    assert_openai_error(response, 404, "model_not_found", "model")
+    message = response.json()["error"]["message"]
+    assert "is in this machine's catalog but this server does not serve it" in message
+    assert "tokenbelt serve ... smollm2-135m" in message
+    assert "available: scripted" in message
+
+
 def test_a_chunked_body_over_the_limit_is_413(served: Served) -> None:
     def body() -> Iterator[bytes]:  # no Content-Length: the limit applies as it streams
         yield b'{"messages": [{"role": "user", "content": "'

@@ -280,6 +280,12 @@ class ServerState:
         if status is not None and status.state == "failed":
             raise ModelLoadError(f"model {name} failed to load: {status.error}")
         available = ", ".join(self.model_names()) or "none"
+        if any(entry["alias"] == name for entry in self.catalog()):
+            raise UnknownModel(
+                f"model {name!r} is in this machine's catalog but this server does not serve "
+                f"it (start the server with it: tokenbelt serve ... {name}); available: "
+                f"{available}"
+            )
         raise UnknownModel(f"unknown model {name!r}; available: {available}")
 
     def model_statuses(self) -> list[ModelStatus]:
