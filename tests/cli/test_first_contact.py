@@ -180,6 +180,10 @@ def test_startup_line_prints_what_is_known_and_falls_back() -> None:
             "scripted on cuda, 4 threads (8 for prompts), context 2048 tokens per sequence, "
             "4 slots, file /m.gguf"
         )
+        model.info.update(decode_nice=10)  # a loaded model's (Runtime.load says it)
+        assert startup_line(model, rt).startswith(
+            "scripted on cuda, 4 threads (8 for prompts) at nice +10, context 2048"
+        )
 
 
 @pytest.mark.model

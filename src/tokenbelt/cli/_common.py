@@ -284,6 +284,8 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
     threads_text = f"{threads} threads" + (
         f" ({threads_batch} for prompts)" if threads_batch and threads_batch != threads else ""
     )
+    if info.get("decode_nice"):
+        threads_text += f" at nice +{info['decode_nice']}"
     context = info.get("n_ctx_per_seq") or model.context_length or runtime.n_ctx
     slots = info.get("slots") or model.statistics().slots or runtime.slots
     parts = [
