@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import plainhttp
-from serving import free_port
+from serving import serve
 from tokenbelt import Runtime
 from tokenbelt.models import Home, default_model_path
 
@@ -78,34 +74,10 @@ def test_serve_starts_a_chat_model_beside_an_embedding_model_trained_on_less(
 ) -> None:
     """``tokenbelt serve smollm2-135m nomic-embed-text-v1.5`` (the README's pair) exited
     2 because the default 4,096 was more than the embedding model's 2,048."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "tokenbelt", "serve", "short-chat", "short-embed"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + NET
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if plainhttp.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "tokenbelt serve was not ready"
-            time.sleep(0.1)
+    with serve(tmp_path, "short-chat", "short-embed", timeout=NET) as (url, _):
         listed = plainhttp.get(f"{url}/v1/models", timeout=NET).json()["data"]
         assert {m["id"] for m in listed} >= {"short-chat", "short-embed"}
         body = {"model": "short-embed", "input": ["the sea"]}
         embedded = plainhttp.post(f"{url}/v1/embeddings", json=body, timeout=NET)
         assert embedded.status_code == 200, embedded.text
         assert len(embedded.json()["data"][0]["embedding"]) == 576
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

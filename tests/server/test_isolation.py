@@ -18,7 +18,7 @@ import pytest
 
 import plainhttp
 from niceness import niceness
-from serving import serve_default_model
+from serving import serve, serve_default_model
 
 pytestmark = pytest.mark.model
 
@@ -135,32 +135,9 @@ def test_a_sigterm_to_the_process_group_shuts_down_without_a_worker_crash(
     the worker too: it waits for the server to end it instead of dying first, which the
     server logged as a crash and answered with a restart during its own shutdown. A
     SIGTERM to the worker alone is said in the log and changes nothing."""
-    import subprocess
-    import sys
-
-    from serving import free_port
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "tokenbelt", "serve", "--isolation", "process"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "info"]
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        deadline = time.monotonic() + 90.0
-        while True:
-            assert server.poll() is None, log.read_text()
-            try:
-                health = plainhttp.get(f"{url}/health", timeout=2.0).json()
-                if health.get("status") == "ok":
-                    break
-            except Exception:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+    flags = ("--isolation", "process")
+    with serve(tmp_path, flags=flags, log_level="info", new_session=True) as (url, server):
+        health = plainhttp.get(f"{url}/health", timeout=NET).json()
         (name,) = health["models"]
         pid = health["workers"][name]["pid"]
         os.kill(pid, signal.SIGTERM)
@@ -169,12 +146,8 @@ def test_a_sigterm_to_the_process_group_shuts_down_without_a_worker_crash(
         worker = plainhttp.get(f"{url}/health", timeout=NET).json()["workers"][name]
         assert (worker["pid"], worker["restarts"]) == (pid, 0)
         os.killpg(server.pid, signal.SIGTERM)
-        assert server.wait(NET) == 0, log.read_text()
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    text = log.read_text()
+        assert server.wait(NET) == 0, (tmp_path / "serve.log").read_text()
+    text = (tmp_path / "serve.log").read_text()
     assert f"engine worker {pid}: SIGTERM ignored" in text
     assert "killed by signal" not in text, text
     assert "engine worker" not in text.replace(f"engine worker {pid}", ""), text  # no other

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 import plainhttp
-from serving import free_port
+from serving import free_port, serve
 from tokenbelt.models import Home, default_model_path
 
 pytestmark = pytest.mark.model
@@ -55,24 +52,7 @@ def test_a_model_whose_download_fails_is_a_503_the_sdk_does_not_retry(
     tmp_path: Path, tokenbelt_home: Path
 ) -> None:
     _catalog(f"http://127.0.0.1:{free_port()}/gone.gguf")  # nothing listens there
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "tokenbelt", "serve", "here-chat", "gone-chat"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "info"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + NET
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if plainhttp.get(f"{url}/health", timeout=2.0).json().get("status") == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+    with serve(tmp_path, "here-chat", "gone-chat", log_level="info", timeout=NET) as (url, _):
         body = {"model": "gone-chat", "messages": [{"role": "user", "content": "hi"}]}
         answer = plainhttp.post(f"{url}/v1/chat/completions", json=body, timeout=NET)
         assert answer.status_code == 503, answer.text
@@ -91,13 +71,6 @@ def test_a_model_whose_download_fails_is_a_503_the_sdk_does_not_retry(
         body["model"] = "here-chat"
         body["max_tokens"] = 2
         assert plainhttp.post(f"{url}/v1/chat/completions", json=body, timeout=NET).is_success
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    text = log.read_text()
+    text = (tmp_path / "serve.log").read_text()
     assert "ERROR tokenbelt.runtime: model gone-chat could not be loaded" in text, text
     assert "Traceback" not in text, text
