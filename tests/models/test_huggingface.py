@@ -168,3 +168,26 @@ def test_cli_honours_hf_endpoint_hf_home_and_offline_mode(
     assert "Traceback" not in gone.stderr
     assert len(gone.stderr.strip().splitlines()) == 1
     assert files_under(home.cache_dir) == []  # the Hub's files live in its own cache only
+
+
+def test_the_hubs_log_records_reach_the_applications_handlers_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """huggingface_hub gives its logger a bare StreamHandler of its own and lets records
+    propagate: under ``tokenbelt serve`` each of its warnings (a retry while offline) was
+    printed twice, once without time or level. After tokenbelt looks at the hub, its
+    records go to the application's handlers only."""
+    import logging
+
+    import huggingface_hub.utils.logging as hub_logging
+
+    from tokenbelt.models._hf import cached_path
+    from tokenbelt.models._sources import HuggingFaceSource
+
+    hub = logging.getLogger("huggingface_hub")
+    hub.addHandler(logging.StreamHandler())  # as the library's import does, once
+    assert cached_path(HuggingFaceSource("nobody/nothing", "none.gguf")) is None
+    assert [h for h in hub.handlers if type(h) is logging.StreamHandler] == []
+    with caplog.at_level("WARNING"):
+        hub_logging.get_logger("huggingface_hub.utils._http").warning("retrying HEAD")
+    assert [r.getMessage() for r in caplog.records].count("retrying HEAD") == 1

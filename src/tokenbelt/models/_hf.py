@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import shutil
 import threading
@@ -21,6 +22,21 @@ from typing import Any
 from .._errors import DownloadCancelled, DownloadError
 from ._download import FREE_SPACE_HEADROOM, ProgressCallback
 from ._sources import HuggingFaceSource
+
+
+def one_line_per_hub_record() -> None:
+    """Let ``huggingface_hub``'s log records reach the application's handlers only.
+
+    The library gives its logger a bare ``StreamHandler`` of its own and lets records
+    propagate too: under ``tokenbelt serve`` (or any application that configures
+    logging) each of its warnings, a retry while offline, was printed twice, once
+    without time or level. Without a configured handler, Python's last-resort handler
+    still prints warnings.
+    """
+    hub = logging.getLogger("huggingface_hub")
+    for handler in list(hub.handlers):
+        if type(handler) is logging.StreamHandler:
+            hub.removeHandler(handler)
 
 
 class _HubCancelled(Exception):
@@ -65,6 +81,8 @@ def cached_path(src: HuggingFaceSource) -> Path | None:
     """The file's path in the Hugging Face cache if it is there (no network)."""
     from huggingface_hub import try_to_load_from_cache
 
+    one_line_per_hub_record()
+
     found = try_to_load_from_cache(src.repo, src.file, revision=src.revision)
     if isinstance(found, str) and Path(found).exists():
         return Path(found)
@@ -93,7 +111,7 @@ def fetch(
         RevisionNotFoundError,
     )
 
-    if cached_path(src) is None:
+    if cached_path(src) is None:  # (which also keeps the hub's records to one line)
         cache_dir = Path(constants.HF_HUB_CACHE)
         probe = cache_dir if cache_dir.exists() else cache_dir.parent
         with contextlib.suppress(OSError):

@@ -19,6 +19,7 @@ from .._errors import DownloadError, InvalidArgument, ModelError
 from ._cache import ModelCache
 from ._catalog import ModelEntry, Variant
 from ._download import DownloadTimeouts, ProgressCallback, WaitCallback
+from ._hf import one_line_per_hub_record
 from ._home import Home
 from ._registry import check_alias, check_free, read_gguf_info, register
 from ._sources import UrlSource
@@ -116,6 +117,8 @@ def _repo_files(repo: str, revision: str) -> list[str]:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
+    one_line_per_hub_record()
+
     try:
         return list(HfApi(endpoint=endpoint()).list_repo_files(repo, revision=revision))
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
@@ -158,6 +161,8 @@ def hub_file(repo: str, file: str, revision: str = "main") -> HubFile:
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+
+    one_line_per_hub_record()
 
     described = f"{HF_SCHEME}{repo}/{file}@{revision}"
     url = hf_hub_url(repo, file, revision=revision, endpoint=endpoint())
