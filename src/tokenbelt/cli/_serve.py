@@ -420,7 +420,7 @@ def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int | Non
     a chat model was trained on), before binding anything; downloading and loading then
     happen in the background. The default context is lowered to fit each model, and an
     embedding or rerank model takes at most its own, whatever is given."""
-    from ..runtime import Runtime
+    from ..runtime import Runtime, context_for
 
     if alias and Runtime.name_for(alias) == alias:
         from ..models import Catalog, Home, ModelCache, choose_variant, find_remote
@@ -429,10 +429,10 @@ def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int | Non
         if find_remote(alias, home) is None:
             choice = choose_variant(Catalog.load(home), alias, cache=ModelCache(home))
             trained = choice.entry.context_length
-            chat = choice.entry.kind == "chat"
-            if chat and n_ctx is not None and trained and n_ctx > trained and not args.force_n_ctx:
+            context = context_for(n_ctx, trained, choice.entry.kind)
+            if trained and context > trained and not args.force_n_ctx:
                 fail(
-                    f"n_ctx {n_ctx} is more than {alias} was trained on ({trained} "
+                    f"n_ctx {context} is more than {alias} was trained on ({trained} "
                     "tokens): give a smaller --n-ctx, or add --force-n-ctx",
                     2,
                 )

@@ -7,7 +7,7 @@ from ._calls import Tool, ToolCall
 from ._embed import Embeddings, EmbeddingStream, Ranked, Ranking
 from ._memory import MemoryBudget, MemoryUse, default_budget, estimate
 from ._model import Model
-from ._runtime import Runtime, check_n_ctx
+from ._runtime import Runtime, check_n_ctx, context_for
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._status import ModelState, ModelStatus
@@ -34,6 +34,7 @@ __all__ = [
     "ToolCall",
     "Usage",
     "check_n_ctx",
+    "context_for",
     "default_budget",
     "estimate",
     "sampling_from",

@@ -77,6 +77,19 @@ def trained_context(path: Path) -> int | None:
         return None
 
 
+def context_for(n_ctx: int | None, trained: int | None, kind: str = "chat") -> int:
+    """The context a model loads at: ``n_ctx`` as given, else ``DEFAULT_N_CTX``. Not
+    given, it is lowered to what the model was trained on (a model beside another,
+    trained on less, loads rather than being refused); so is any context of an embedding
+    or rerank model (its inputs may hold no more). A chat model given more than it was
+    trained on is refused (unless ``force_n_ctx``): by its load, and by ``tokenbelt
+    serve`` before it binds."""
+    context = DEFAULT_N_CTX if n_ctx is None else n_ctx
+    if trained and (n_ctx is None or kind != "chat"):
+        context = min(context, trained)
+    return context
+
+
 def check_n_ctx(value: int) -> int:
     """Reject an ``n_ctx`` outside ``RANGES["n_ctx"]`` (the SDK's and the CLI's check):
     too small to hold a prompt, or past the largest context any model runs."""
@@ -427,15 +440,11 @@ class Runtime:
         info = self._describe(alias, device)
 
         threads, threads_batch = default_threads()
-        given = n_ctx is not None or self._n_ctx_given
-        n_ctx = check_n_ctx(n_ctx) if n_ctx is not None else self.n_ctx
-        trained = info.get("context_length")
-        if trained and (not given or info.get("kind", "chat") != "chat"):
-            # The default context is lowered to what the model was trained on, not refused
-            # (a model beside another, trained on less); so is any context of an embedding
-            # or rerank model (its inputs may hold no more). A chat model refuses a given
-            # one past it (unless ``force_n_ctx``).
-            n_ctx = min(n_ctx, int(trained))
+        if n_ctx is not None:
+            n_ctx = check_n_ctx(n_ctx)
+        elif self._n_ctx_given:
+            n_ctx = self.n_ctx
+        n_ctx = context_for(n_ctx, info.get("context_length"), info.get("kind", "chat"))
         info.update(
             slots=n_slots,
             n_ctx_per_seq=n_ctx,
