@@ -138,6 +138,15 @@ class Served:
         assert stats.running == 0, stats
         assert stats.queued == 0, stats
 
+    def wait_queued(self, n: int, timeout: float = NET) -> None:
+        """Wait (under the safety net) until ``n`` requests wait in the model's queue: a
+        request's enqueue mark (what ``recorder.nth`` sees) comes just before the
+        scheduler appends it, so the count may lag the mark by a moment."""
+        deadline = time.monotonic() + timeout
+        while (queued := self.model().statistics().queued) != n:
+            assert time.monotonic() < deadline, f"{queued} queued, not {n}, after {timeout} s"
+            time.sleep(0.005)
+
 
 ServeFactory = Callable[..., Served]
 

@@ -37,7 +37,7 @@ def test_a_full_queue_answers_429_with_retry_after(serve: ServeFactory) -> None:
             served.recorder.wait(served.recorder.nth(0), "admitted")
             waiting.send(CHAT, chat_body(stream=True))
             served.recorder.nth(1)
-            assert served.model().statistics().queued == 1
+            served.wait_queued(1)
 
             response = plainhttp.post(f"{served.url}{CHAT}", json=chat_body(), timeout=NET)
             error = assert_error(response, 429, "queue_full")

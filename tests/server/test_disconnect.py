@@ -82,7 +82,7 @@ def test_disconnect_while_queued(serve: ServeFactory, stream: bool) -> None:
             status, headers = client.read_head()  # the head is sent while still queued
             assert status == 200
             assert headers["x-request-id"] == trace.request_id
-        assert served.model().statistics().queued == 1
+        served.wait_queued(1)
     served.recorder.wait(trace, "released")
 
     assert trace.end_reason is EndReason.CLIENT_DISCONNECT
