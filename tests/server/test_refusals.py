@@ -4,6 +4,9 @@ is turned away, whichever layer turned it away."""
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,14 +62,16 @@ def refusals(served: Served) -> dict[tuple[str, str, str], float]:
         ),
     ],
 )
-def test_a_refused_request_increments_the_refusal_metric(
+def test_a_refused_request_is_counted_and_logged(
     served: Served,
+    caplog: pytest.LogCaptureFixture,
     method: str,
     path: str,
     body: object,
     headers: dict[str, str],
     series: tuple[str, str, str],
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tokenbelt.requests")
     before = refusals(served).get(series, 0.0)
     answer = plainhttp.request(
         method, f"{served.url}{path}", json=body, headers=headers, timeout=NET
@@ -74,6 +79,20 @@ def test_a_refused_request_increments_the_refusal_metric(
     assert answer.status_code == int(series[1]), answer.text
     after = refusals(served)
     assert after.get(series, 0.0) == before + 1, after
+    # One line says why, in the words the client was given, under the client's request id.
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "tokenbelt.requests"]
+    [line] = [x for x in lines if x["request_id"] == answer.headers["x-request-id"]]
+    error = answer.json()["error"]
+    assert line == {
+        "event": "refused",
+        "request_id": answer.headers["x-request-id"],
+        "method": method,
+        "route": series[0],
+        "status": int(series[1]),
+        "reason": series[2],
+        "message": error if isinstance(error, str) else error["message"],
+    }
+    assert line["message"]
 
 
 def test_an_answered_request_is_not_a_refusal(served: Served) -> None:

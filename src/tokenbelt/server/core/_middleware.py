@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...belt import new_request_id
 from ._errors import REFUSAL, Dialects, note_refusal
+from ._metrics import request_log
 
 #: the API paths (the web page, its assets and /health stay open)
 PROTECTED = ("/v1", "/api/", "/metrics")
@@ -349,15 +350,54 @@ class RefusalMiddleware:
             return
         holder: list[str | None] = [None]
         scope[REFUSAL] = holder
+        refusal: dict[str, Any] = {}
+        body = bytearray()
 
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 if 400 <= status < 500 or (status == 503 and holder[0] is not None):
-                    self.refused(self._route(scope), status, holder[0] or f"http_{status}")
+                    route, reason = self._route(scope), holder[0] or f"http_{status}"
+                    self.refused(route, status, reason)
+                    refusal.update(route=route, status=status, reason=reason)
+            elif refusal and message["type"] == "http.response.body":
+                body.extend(message.get("body", b"")[: _LOGGED_BODY - len(body)])
+                if not message.get("more_body", False):
+                    _log_refusal(scope, refusal, bytes(body))
+                    refusal.clear()
             await send(message)
 
         await self.app(scope, receive, watch)
+
+
+#: how much of a refusal's body is read for its message
+_LOGGED_BODY = 4096
+
+
+def _log_refusal(scope: Scope, refusal: dict[str, Any], body: bytes) -> None:
+    """One JSON line on ``tokenbelt.requests`` for a refused request, beside the lines of
+    the requests that ran: the operator sees why a client was turned away, in the words
+    the client was given."""
+    line = {
+        "event": "refused",
+        "request_id": REQUEST_ID.get(),
+        "method": scope.get("method"),
+        **refusal,
+        "message": _error_message(body),
+    }
+    request_log.info("%s", json.dumps(line))
+
+
+def _error_message(body: bytes) -> str | None:
+    """The message of an error body in any dialect's shape: OpenAI's and Anthropic's
+    ``{"error": {"message": ...}}``, Ollama's ``{"error": "..."}``."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(error, dict):
+        error = error.get("message")
+    return error if isinstance(error, str) else None
 
 
 def _flat(routes: list[Any]) -> Iterator[Any]:
