@@ -5,13 +5,14 @@ discovery of an upstream's models."""
 from ._discover import UpstreamModel, list_models
 from ._engine import RemoteEngine
 from ._upstreams import Upstream, UpstreamPool
-from ._wire import request_body
+from ._wire import error_message, request_body
 
 __all__ = [
     "RemoteEngine",
     "Upstream",
     "UpstreamModel",
     "UpstreamPool",
+    "error_message",
     "list_models",
     "request_body",
 ]

@@ -19,6 +19,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...belt import new_request_id
+from ...engines.remote import error_message
 from ._errors import REFUSAL, Dialects, note_refusal
 from ._metrics import request_log
 
@@ -383,21 +384,18 @@ def _log_refusal(scope: Scope, refusal: dict[str, Any], body: bytes) -> None:
         "request_id": REQUEST_ID.get(),
         "method": scope.get("method"),
         **refusal,
-        "message": _error_message(body),
+        "message": _message(body),
     }
     request_log.info("%s", json.dumps(line))
 
 
-def _error_message(body: bytes) -> str | None:
-    """The message of an error body in any dialect's shape: OpenAI's and Anthropic's
-    ``{"error": {"message": ...}}``, Ollama's ``{"error": "..."}``."""
+def _message(body: bytes) -> str:
+    """The message of an error body in any dialect's shape, as the remote engine reads an
+    upstream's (the body's text, shortened, when it is not JSON)."""
     try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        return None
-    if isinstance(error, dict):
-        error = error.get("message")
-    return error if isinstance(error, str) else None
+        return error_message(json.loads(body))
+    except ValueError:
+        return error_message(body.decode("utf-8", "replace"))
 
 
 def _flat(routes: list[Any]) -> Iterator[Any]:
