@@ -90,6 +90,9 @@ class Trace:
         #: the stop string that ended the request (set by the engine), if one did
         self.stop_sequence: str | None = None
         self.prompt_tokens = 0
+        #: a chat's oldest messages left out of the prompt so that it fits the context
+        #: window (Ollama's chat, the Responses API's ``truncation: "auto"``)
+        self.dropped_messages = 0
         #: prompt tokens whose KV cells came from the prefix cache instead of compute
         self.cached_tokens = 0
         self.completion_tokens = 0
@@ -368,6 +371,7 @@ class Trace:
             "end_to_end_ms": ms(self.end_to_end),
             "decode_tok_s": None if self.decode_rate is None else round(self.decode_rate, 3),
             "prompt_tokens": self.prompt_tokens,
+            "dropped_messages": self.dropped_messages,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "draft_tokens": self.draft_tokens,

@@ -427,12 +427,15 @@ class Model(ChatCalls, EmbeddingCalls):
         on_complete: Callable[[Stream], None] | None = None,
         structure: Structure | None = None,
         keep_alive: RequestKeepAlive = "default",
+        dropped_messages: int = 0,
     ) -> Stream:
         """Queue ``request`` and return its ``Stream`` at once.
 
         ``keep_alive`` is this request's own: the seconds the model stays loaded once
         idle after it (``None``: for ever; ``0``: unloaded then), unless a later request
-        brings its own; ``"default"`` is the model's ``keep_alive``.
+        brings its own; ``"default"`` is the model's ``keep_alive``. ``dropped_messages``:
+        how many of a chat's oldest messages the caller left out so that it fits the
+        context window (its trace says so).
 
         Blocks only while the model is reloaded after an idle unload (by this call or
         another's; waiting at most the request's first-token or total limit, then
@@ -449,9 +452,14 @@ class Model(ChatCalls, EmbeddingCalls):
                 param="model",
             )
         self._keep.for_request(keep_alive)
+
+        def open_stream(_: GenerationRequest, belt: Belt[Any]) -> Stream:
+            belt.trace.dropped_messages = dropped_messages
+            return Stream(belt, on_complete=on_complete, structure=structure)
+
         return self._queue(
             lambda engine: (request, engine.count_prompt_tokens(request)),
-            lambda _, belt: Stream(belt, on_complete=on_complete, structure=structure),
+            open_stream,
             limits,
             capacity,
             request_id,

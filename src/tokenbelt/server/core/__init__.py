@@ -6,6 +6,8 @@
 - ``_responses``: the SSE/NDJSON writer and the deferred answer, raced against the
   client's disconnect;
 - ``_options``: tokenbelt's own request options, and the sampling ranges (``ranges``);
+- ``_fit``: a long chat fitted to the context window by leaving its oldest turns out
+  (Ollama's chat, the Responses API's ``truncation: "auto"``);
 - ``_tools``: tool calls for the dialects that are not OpenAI's (``plan_tools``,
   ``Calls``);
 - ``_control``: tokenbelt's own routes (health, metrics, ``/v1/requests``, cancel);
@@ -36,6 +38,7 @@ from ._errors import (
     response_for,
     think_said_as,
 )
+from ._fit import Fit
 from ._h11 import WRITE_PIECE_BYTES, http_protocol, in_pieces
 from ._middleware import (
     CALLER,
@@ -79,6 +82,7 @@ __all__ = [
     "Dialects",
     "ErrorShape",
     "EventStreamResponse",
+    "Fit",
     "GracefulServer",
     "HostMiddleware",
     "JsonBodyMiddleware",

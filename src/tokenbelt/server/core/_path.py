@@ -24,6 +24,7 @@ from ...belt import EndReason, new_request_id
 from ...engines import GenerationRequest
 from ...runtime import EmbeddingStream, Model, ModelState, Stream
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
+from ._fit import Fit, fit_messages
 from ._middleware import CALLER, REQUEST_ID
 from ._options import TokenbeltOptions
 from ._responses import (
@@ -196,6 +197,7 @@ class RequestPath:
         api: str,
         request_id: str | None = None,
         keep_alive: float | Literal["default"] | None = "default",
+        fit: Fit | None = None,
     ) -> Submitted:
         """Queue ``request`` with the deadlines and capacity of ``options``.
 
@@ -203,6 +205,8 @@ class RequestPath:
         to count the prompt's tokens. Admission errors propagate to the error handlers.
         ``request_id`` is the caller's own (``x-request-id``), used if well-formed and new.
         ``keep_alive`` is this request's own (``Model.submit``); it changes no default.
+        ``fit``: a chat's oldest turns are left out until its prompt fits the window
+        with room for the reply (``fit_messages``; the trace counts them).
         """
         if self.state.shutting_down:
             raise RuntimeClosed("the server is shutting down")
@@ -217,6 +221,9 @@ class RequestPath:
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
         try:
+            dropped = 0
+            if fit is not None:
+                request, dropped = await fit_messages(model, request, fit)
             stream = await anyio.to_thread.run_sync(
                 partial(
                     model.submit,
@@ -225,6 +232,7 @@ class RequestPath:
                     capacity=self.state.capacity_for(options),
                     request_id=request_id,
                     keep_alive=keep_alive,
+                    dropped_messages=dropped,
                 )
             )
         except BaseException:

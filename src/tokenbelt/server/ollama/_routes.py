@@ -28,6 +28,7 @@ from ...engines import GenerationRequest, Message, Piece
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
     Calls,
+    Fit,
     RequestPath,
     Serving,
     StreamEnd,
@@ -224,11 +225,14 @@ async def _run(
     request: GenerationRequest,
     chat: bool,
     plan: ToolPlan | None = None,
+    fit: Fit | None = None,
 ) -> Response:
     seconds = _keep_alive(model, body)
     # This request's own keep_alive: 0 unloads the model once it is idle after this
     # request, unless a later request (any client's) brings its own or the default.
-    submitted = await path.submit(model, request, body.tokenbelt, api=API, keep_alive=_own(seconds))
+    submitted = await path.submit(
+        model, request, body.tokenbelt, api=API, keep_alive=_own(seconds), fit=fit
+    )
     stream = submitted.stream
     if body.stream:
         return path.streaming(
@@ -264,7 +268,9 @@ async def chat(body: ChatRequest, path: Serving) -> Response:
         grammar=plan.grammar or body.grammar(),
         tools=plan.tools_json,
     )
-    return await _run(path, model, body, request, True, plan if plan.with_tools else None)
+    # As Ollama does: the oldest turns go when the chat outgrows the window (num_ctx).
+    fit = body.fit(model.context_length)
+    return await _run(path, model, body, request, True, plan if plan.with_tools else None, fit)
 
 
 @router.post("/generate", summary="Ollama: completion of a prompt (raw, or in the chat template)")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..._errors import InvalidArgument
 from ...belt import MAX_KEEP_ALIVE_S
 from ...engines import Grammar, json_object_grammar, schema_grammar
-from ..core import TokenbeltOptions, UnsupportedParameter, ranges
+from ..core import Fit, TokenbeltOptions, UnsupportedParameter, ranges
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -50,7 +50,9 @@ class Options(BaseModel):
         "num_predict", description="tokens to generate; -1 or -2: up to the context"
     )
     num_ctx: int | None = ranges.bounded(
-        "num_ctx", description="accepted up to the loaded model's context window"
+        "num_ctx",
+        description="the chat's window: its oldest turns are left out beyond it (up to "
+        "the loaded model's context window)",
     )
 
 
@@ -97,6 +99,13 @@ class _Generation(BaseModel):
             raise UnsupportedParameter(
                 "top_logprobs", "tokenbelt does not return log probabilities"
             )
+
+    def fit(self, context_length: int) -> Fit:
+        """The window a chat's prompt and reply fit in: ``num_ctx``, else the context."""
+        o = self.options
+        if o is None or o.num_ctx is None:
+            return Fit(context_length)
+        return Fit(o.num_ctx, "options.num_ctx")
 
     def sampling(self, context_length: int) -> dict[str, object]:
         """The runtime's sampling keyword arguments (None = its default)."""

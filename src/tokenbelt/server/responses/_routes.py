@@ -30,6 +30,7 @@ from ..core import (
     RELEASE_WAIT_S,
     Asgi,
     EventStreamResponse,
+    Fit,
     RequestPath,
     Serving,
     UnsupportedParameter,
@@ -177,7 +178,7 @@ def _echo(body: ResponseRequest, keep: bool) -> dict[str, Any]:
         "store": keep,
         "background": body.background,
         "previous_response_id": body.previous_response_id,
-        "truncation": "disabled",
+        "truncation": body.truncation or "disabled",
         "user": body.user,
         "prompt_cache_key": body.prompt_cache_key,
         "reasoning": {"effort": body.reasoning.effort, "summary": None}
@@ -310,7 +311,12 @@ async def create(
     plan = _plan(body, messages, model, path.state.settings.responses_skip_tools, skipped)
     try:
         submitted = await path.submit(
-            model, _request(body, plan), body.tokenbelt, api=API, request_id=x_request_id
+            model,
+            _request(body, plan),
+            body.tokenbelt,
+            api=API,
+            request_id=x_request_id,
+            fit=Fit(model.context_length, "truncation") if body.truncation == "auto" else None,
         )
     except InvalidArgument as exc:
         if exc.param != "think":

@@ -219,8 +219,10 @@ class ResponseRequest(BaseModel):
         None, description="accepted; a reply makes at most one call"
     )
     max_tool_calls: int | None = Field(None, ge=1, description="a reply makes at most one call")
-    truncation: Literal["disabled"] | None = Field(
-        None, description="only disabled: an input longer than the context is a 400"
+    truncation: Literal["auto", "disabled"] | None = Field(
+        None,
+        description="auto: the conversation's oldest items are left out when it outgrows "
+        "the context window; disabled (the default): an input that does not fit is a 400",
     )
     include: list[str] | None = Field(
         None, max_length=16, description="only reasoning.encrypted_content (there is none)"

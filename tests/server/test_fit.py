@@ -1,0 +1,173 @@
+"""A chat longer than its window loses its oldest turns, not the request: Ollama's chat
+(window ``options.num_ctx``, else the context) and the Responses API with
+``truncation: "auto"``, driven by the official ``ollama`` and ``openai`` clients against the
+real default model. The system message and the latest turn stay, a tool result never
+loses its call, exactly as few turns go as it takes, and the trace counts them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from tokenbelt import EndReason, GenerationRequest, SamplingParams, ScriptedEngine
+from tokenbelt.server.core._fit import reply_room
+
+from .conftest import NET, Served, ServeFactory, SharedServer, real_runtime, scripted_runtime, words
+from .conftest import shared_server as shared_server_of
+from .test_ollama import connect
+
+pytestmark = pytest.mark.model
+
+#: tokens per sequence of the test server: a dozen turns outgrow it
+N_CTX = 384
+SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one word."}
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    """``turns`` exchanges of about 30 tokens each, then a last question."""
+    messages: list[dict[str, Any]] = [SYSTEM]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Fact {i}: the {i}th stone is grey " * 2})
+        messages.append({"role": "assistant", "content": f"Noted fact {i}, the grey stone."})
+    messages.append({"role": "user", "content": "Which colour are the stones?"})
+    return messages
+
+
+@pytest.fixture(scope="module")
+def shared(module_home: Path) -> Iterator[SharedServer]:
+    with shared_server_of(lambda: real_runtime(n_ctx=N_CTX, slots=1)) as server:
+        yield server
+
+
+@pytest.fixture
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield from shared.view(request)
+
+
+def room(max_tokens: int, window: int) -> int:
+    return reply_room(GenerationRequest(prompt="x", sampling=SamplingParams(max_tokens)), window)
+
+
+def tokens(served: Served, messages: list[dict[str, Any]]) -> int:
+    request = GenerationRequest.chat(messages)  # type: ignore[arg-type]
+    return len(served.model().prompt_token_ids(request))
+
+
+def assert_fewest_dropped(
+    served: Served, messages: list[dict[str, Any]], dropped: int, prompt: int, limit: int
+) -> None:
+    """The prompt run was the system message with the turns after the ``dropped``
+    oldest; and one turn more (from the previous user or assistant message) would not
+    have fit ``limit``."""
+    kept = [messages[0], *messages[1 + dropped :]]
+    assert tokens(served, kept) == prompt <= limit
+    assert kept[1]["role"] != "tool"
+    earlier = max(i for i in range(1, 1 + dropped) if messages[i]["role"] != "tool")
+    assert tokens(served, [messages[0], *messages[earlier:]]) > limit
+
+
+def test_an_ollama_chat_longer_than_the_context_keeps_its_system_and_latest_turns(
+    served: Served,
+) -> None:
+    messages = conversation(14)
+    name = served.model().name
+    assert tokens(served, messages) > N_CTX  # it would not fit whole
+    with connect(served.url) as client:
+        reply = client.chat(name, messages=messages, options={"num_predict": 8, "seed": 1})
+    trace = served.recorder.nth(0)
+    served.assert_released(trace, trace.end_reason or EndReason.RUNTIME_ERROR)
+    assert reply.done is True
+    assert reply.message.content
+    assert trace.dropped_messages > 0
+    assert reply.prompt_eval_count == trace.prompt_tokens
+    limit = N_CTX - room(8, N_CTX)
+    assert_fewest_dropped(served, messages, trace.dropped_messages, trace.prompt_tokens, limit)
+
+
+def test_num_ctx_is_the_window_an_ollama_chat_is_fitted_to(served: Served) -> None:
+    messages = conversation(6)  # fits the context whole
+    name = served.model().name
+    with connect(served.url) as client:
+        whole = client.chat(name, messages=messages, options={"num_predict": 4})
+        fitted = client.chat(name, messages=messages, options={"num_predict": 4, "num_ctx": 160})
+        with pytest.raises(ollama.ResponseError) as refused:
+            client.chat(name, messages=messages, options={"num_predict": 4, "num_ctx": 20})
+    first, second = served.recorder.nth(0), served.recorder.nth(1)
+    assert first.dropped_messages == 0
+    assert whole.prompt_eval_count == tokens(served, messages)
+    assert second.dropped_messages > 0
+    assert fitted.prompt_eval_count == second.prompt_tokens
+    limit = 160 - room(4, 160)
+    assert_fewest_dropped(served, messages, second.dropped_messages, second.prompt_tokens, limit)
+    # the system message and the latest question alone outgrow a 20-token window
+    assert refused.value.status_code == 400
+    assert "context window of 20 tokens" in str(refused.value.error)
+
+
+def test_a_tool_result_goes_with_its_call(served: Served) -> None:
+    call = {"function": {"name": "stone_colour", "arguments": {"stone": 1}}}
+    messages: list[dict[str, Any]] = [SYSTEM]
+    for i in range(5):
+        messages.append({"role": "user", "content": f"Which colour is stone {i}? " * 3})
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        # a long result: the cut would fall on it if results could head a chat
+        messages.append({"role": "tool", "content": "grey, like slate and ash " * 8})
+    messages.append({"role": "user", "content": "And the stones together?"})
+    name = served.model().name
+    with connect(served.url) as client:
+        reply = client.chat(name, messages=messages, options={"num_predict": 4, "num_ctx": 200})
+    trace = served.recorder.nth(0)
+    assert trace.dropped_messages > 0
+    kept = messages[1 + trace.dropped_messages]
+    assert kept["role"] in ("user", "assistant")
+    assert reply.prompt_eval_count == trace.prompt_tokens <= 199
+
+
+def test_responses_truncation_auto_leaves_the_oldest_items_out(served: Served) -> None:
+    messages = conversation(14)
+    items = [{"role": m["role"], "content": m["content"]} for m in messages[1:]]
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as whole:
+        client.responses.create(
+            model=served.model().name,
+            instructions=SYSTEM["content"],
+            input=items,  # type: ignore[arg-type]
+            max_output_tokens=8,
+        )
+    assert whole.value.code == "context_length_exceeded"
+    response = client.responses.create(
+        model=served.model().name,
+        instructions=SYSTEM["content"],
+        input=items,  # type: ignore[arg-type]
+        max_output_tokens=8,
+        truncation="auto",
+    )
+    trace = served.recorder.nth(0)  # the refused one was never queued
+    assert response.status in ("completed", "incomplete")
+    assert response.truncation == "auto"
+    assert response.usage is not None
+    assert response.usage.input_tokens == trace.prompt_tokens
+    assert trace.dropped_messages > 0
+    limit = N_CTX - room(8, N_CTX)
+    assert_fewest_dropped(served, messages, trace.dropped_messages, trace.prompt_tokens, limit)
+
+
+def test_an_engine_that_counts_no_tokens_refuses_truncation_it_cannot_do(
+    serve: ServeFactory,
+) -> None:
+    served = serve(scripted_runtime(ScriptedEngine(words(4))))
+    body = {"model": "scripted", "input": conversation(1), "truncation": "auto"}
+    answer = httpx.post(served.url + "/v1/responses", json=body, timeout=NET)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "truncation"
+    assert "counts no prompt tokens" in error["message"]
+    # Ollama's chat fits by default: without num_ctx such an engine gets the chat whole
+    chat = {"model": "scripted", "messages": conversation(2), "stream": False}
+    assert httpx.post(served.url + "/api/chat", json=chat, timeout=NET).status_code == 200
