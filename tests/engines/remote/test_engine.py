@@ -141,8 +141,11 @@ def test_deadlines_at_the_front_stop_the_upstream(
     fr = front(serve, up)
     body = chat_body(stream=True, tokenbelt=limits)
     with plainhttp.stream("POST", fr.url + CHAT, json=body, timeout=NET) as response:
+        # Seen once under load: no events at all. Say what came instead, if it recurs.
+        assert response.status_code == 200, response.read()
         request_id = response.headers["x-request-id"]
         events = collect(response.iter_lines())
+    assert len(events) >= 2, events
     assert events[-2]["tokenbelt"]["end_reason"] == reason
     _front_and_upstream_stop(fr.url, up.url, request_id, reason)
     assert upstream_trace(up, request_id)["end_reason"] == "client_disconnect"
