@@ -2,7 +2,8 @@
 (window ``options.num_ctx``, else the context) and the Responses API with
 ``truncation: "auto"``, driven by the official ``ollama`` and ``openai`` clients against the
 real default model. The system message and the latest turn stay, a tool result never
-loses its call, exactly as few turns go as it takes, and the trace counts them."""
+loses its call, the cut moves by whole grid steps (so the next turns start where this one
+did, from the prefix cache), and the trace counts what went."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import openai
 import pytest
 
 from tokenbelt import EndReason, GenerationRequest, SamplingParams, ScriptedEngine
-from tokenbelt.server.core._fit import reply_room
+from tokenbelt.server.core._fit import GRID_SHARE, cut_limit, reply_room
 
 from .conftest import NET, Served, ServeFactory, SharedServer, real_runtime, scripted_runtime, words
 from .conftest import shared_server as shared_server_of
@@ -54,6 +55,10 @@ def room(max_tokens: int, window: int) -> int:
     return reply_room(GenerationRequest(prompt="x", sampling=SamplingParams(max_tokens)), window)
 
 
+def limit_for(served: Served, messages: list[dict[str, Any]], max_tokens: int, window: int) -> int:
+    return cut_limit(tokens(served, messages), room(max_tokens, window), window)
+
+
 def tokens(served: Served, messages: list[dict[str, Any]]) -> int:
     request = GenerationRequest.chat(messages)  # type: ignore[arg-type]
     return len(served.model().prompt_token_ids(request))
@@ -86,8 +91,51 @@ def test_an_ollama_chat_longer_than_the_context_keeps_its_system_and_latest_turn
     assert reply.message.content
     assert trace.dropped_messages > 0
     assert reply.prompt_eval_count == trace.prompt_tokens
-    limit = N_CTX - room(8, N_CTX)
+    limit = limit_for(served, messages, 8, N_CTX)
     assert_fewest_dropped(served, messages, trace.dropped_messages, trace.prompt_tokens, limit)
+
+
+def test_the_next_turns_of_a_cut_chat_start_where_it_did_from_the_prefix_cache(
+    served: Served,
+) -> None:
+    messages = conversation(14)
+    whole = tokens(served, messages)
+    # A window where this chat's cut is early in its grid cell: a turn more stays in it.
+    window = next(
+        w
+        for w in range(N_CTX, N_CTX // 2, -1)
+        if -(whole + room(8, w) - w) % (w // GRID_SHARE) >= 60
+    )
+    options = {"num_predict": 8, "seed": 1, "num_ctx": window}
+    name = served.model().name
+    with connect(served.url) as client:
+        reply = client.chat(name, messages=messages, options=options)
+        first = served.recorder.nth(0)
+        messages += [
+            {"role": "assistant", "content": reply.message.content},
+            {"role": "user", "content": "And the sky?"},
+        ]
+        assert tokens(served, messages) - whole < 60  # within the cell
+        client.chat(name, messages=messages, options=options)
+    after = served.recorder.nth(1)
+    assert first.dropped_messages > 0
+    assert after.dropped_messages == first.dropped_messages
+    assert after.prompt_tokens > first.prompt_tokens
+    assert after.cached_tokens >= first.prompt_tokens
+
+
+def test_a_cut_leaves_the_reply_room_and_moves_only_a_whole_grid_step() -> None:
+    window, room_ = 4096, 512
+    grid = window // GRID_SHARE
+    cuts = {}
+    for whole in range(window - room_ + 1, 3 * window):
+        limit = cut_limit(whole, room_, window)
+        assert limit + room_ <= window
+        assert (whole - limit) % grid == 0
+        assert limit + room_ + grid > window  # no more than a grid step beyond the room
+        cuts.setdefault(whole - limit, []).append(whole)
+    # every cut size holds for a whole grid step of growth: the next turns start alike
+    assert all(len(wholes) == grid for wholes in list(cuts.values())[:-1])
 
 
 def test_num_ctx_is_the_window_an_ollama_chat_is_fitted_to(served: Served) -> None:
@@ -103,7 +151,7 @@ def test_num_ctx_is_the_window_an_ollama_chat_is_fitted_to(served: Served) -> No
     assert whole.prompt_eval_count == tokens(served, messages)
     assert second.dropped_messages > 0
     assert fitted.prompt_eval_count == second.prompt_tokens
-    limit = 160 - room(4, 160)
+    limit = limit_for(served, messages, 4, 160)
     assert_fewest_dropped(served, messages, second.dropped_messages, second.prompt_tokens, limit)
     # the system message and the latest question alone outgrow a 20-token window
     assert refused.value.status_code == 400
@@ -154,7 +202,7 @@ def test_responses_truncation_auto_leaves_the_oldest_items_out(served: Served) -
     assert response.usage is not None
     assert response.usage.input_tokens == trace.prompt_tokens
     assert trace.dropped_messages > 0
-    limit = N_CTX - room(8, N_CTX)
+    limit = limit_for(served, messages, 8, N_CTX)
     assert_fewest_dropped(served, messages, trace.dropped_messages, trace.prompt_tokens, limit)
 
 

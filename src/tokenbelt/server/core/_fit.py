@@ -5,8 +5,12 @@ Responses API when a request says ``truncation: "auto"``: the system messages at
 head stay, the latest message stays, and the oldest turns between them go until the
 prompt leaves the reply room. A turn starts at a user or an assistant message, never at
 a tool result, so a tool call and its result are dropped together (and a template never
-sees a result whose call is gone). How many messages went is the trace's
-``dropped_messages``; the usage counts the prompt that was run.
+sees a result whose call is gone). A cut leaves out the fewest turns that hold a whole
+multiple of a quarter of the window (``cut_limit``): the next turns of the conversation
+then start where this one did, and their prompt comes from the prefix cache instead of
+being computed again (cut by the fewest turns, every turn of a full chat would start one
+turn later: a whole prefill each, seconds on a CPU). How many messages went is the
+trace's ``dropped_messages``; the usage counts the prompt that ran.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ HEAD_ROLES = frozenset({"system", "developer"})
 #: at most this share of the window is kept free for the reply (less when the request
 #: asks for fewer tokens)
 REPLY_SHARE = 4
+#: a cut leaves out whole multiples of this share of the window: as a conversation grows
+#: by a few turns, its cut stays where it was, and its prompt comes from the prefix cache
+GRID_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -46,15 +53,24 @@ def reply_room(request: GenerationRequest, window: int) -> int:
     return max(1, min(request.sampling.max_tokens, window // REPLY_SHARE))
 
 
+def cut_limit(whole: int, room: int, window: int) -> int:
+    """The most tokens a cut prompt may take, ``whole`` tokens before the cut: it leaves
+    out a whole multiple of a quarter of the window, the least that leaves ``room``."""
+    grid = max(1, window // GRID_SHARE)
+    need = whole + room - window
+    return whole - -(-need // grid) * grid
+
+
 async def fit_messages(
     model: Model, request: GenerationRequest, fit: Fit
 ) -> tuple[GenerationRequest, int]:
     """``request`` with as few of its oldest turns left out as it takes for the prompt to
-    leave ``reply_room`` tokens of ``fit.window``, or at least one when even its latest turn
-    does not; and how many messages went. Unchanged when it fits, when it is not a chat,
-    or when the engine counts no tokens here (a remote engine: its upstream fits, or
-    refuses, the prompt itself). Raises ``PromptTooLong`` when the system messages with
-    the latest turn alone are too long for the window. Tokenizes off the event loop."""
+    take at most ``cut_limit`` tokens, else to leave ``reply_room`` tokens of
+    ``fit.window``, else one; and how many messages went. Unchanged when it fits, when it
+    is not a chat, or when the engine counts no tokens here (a remote engine: its
+    upstream fits, or refuses, the prompt itself). Raises ``PromptTooLong`` when the
+    system messages with the latest turn alone are too long for the window. Tokenizes
+    off the event loop."""
     if request.messages is None or len(request.messages) < 2:
         return request, 0
     return await anyio.to_thread.run_sync(_fit, model, request, fit)
@@ -94,7 +110,8 @@ def _fit(model: Model, request: GenerationRequest, fit: Fit) -> tuple[Generation
         except InvalidArgument:  # the template refuses to start there (roles must alternate)
             return None
 
-    for limit in (window - room, window - 1):
+    # On the grid (the cache's friend), else the fewest turns, else room for one token.
+    for limit in (cut_limit(whole, room, window), window - room, window - 1):
         start = _first_fit(starts, tokens, limit)
         if start is not None:
             return without(start), start - head
