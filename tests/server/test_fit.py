@@ -158,6 +158,28 @@ def test_num_ctx_is_the_window_an_ollama_chat_is_fitted_to(served: Served) -> No
     assert "context window of 20 tokens" in str(refused.value.error)
 
 
+def test_a_num_ctx_larger_than_the_context_serves_what_that_window_would_hold(
+    served: Served,
+) -> None:
+    """Ollama would load the model again with the larger window; a chat that fits the
+    loaded one runs whole as it would there, and one that does not is refused by name
+    instead of losing turns the asked-for window would have kept."""
+    name = served.model().name
+    options = {"num_predict": 4, "num_ctx": 8 * N_CTX}
+    short, long = conversation(2), conversation(14)
+    with connect(served.url) as client:
+        reply = client.chat(name, messages=short, options=options)
+        with pytest.raises(ollama.ResponseError) as refused:
+            client.chat(name, messages=long, options=options)
+    assert reply.prompt_eval_count == tokens(served, short)
+    assert served.recorder.nth(0).dropped_messages == 0
+    assert refused.value.status_code == 400
+    said = str(refused.value.error)
+    assert "options.num_ctx" in said
+    assert f"a window of {8 * N_CTX} would hold it" in said
+    assert f"context window of {N_CTX} tokens" in said
+
+
 def test_a_tool_result_goes_with_its_call(served: Served) -> None:
     call = {"function": {"name": "stone_colour", "arguments": {"stone": 1}}}
     messages: list[dict[str, Any]] = [SYSTEM]

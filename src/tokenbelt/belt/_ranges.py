@@ -177,8 +177,7 @@ RANGES: MappingProxyType[str, Range] = MappingProxyType(
             1,
             MAX_CONTEXT,
             "tokens",
-            "Ollama's context size: accepted up to the loaded model's own context, which is at "
-            "most this",
+            "Ollama's context size: a chat's window (a model's context is at most this)",
         ),
         "num_predict": Range(
             -2,

@@ -40,10 +40,14 @@ GRID_SHARE = 4
 class Fit:
     """A chat to fit into ``window`` tokens. ``asked_by``: the request's field that asked
     for it, refused where the engine counts no tokens here (a remote engine); without
-    one, such a chat goes on whole, for its upstream to fit or refuse."""
+    one, such a chat goes on whole, for its upstream to fit or refuse. ``asked``: a
+    larger window the request asked for than the model is loaded with (Ollama would load
+    it again with that one): the chat then loses no turn, since that window would have
+    held it; one that does not fit the loaded window is refused, naming the field."""
 
     window: int
     asked_by: str | None = None
+    asked: int | None = None
 
 
 def reply_room(request: GenerationRequest, window: int) -> int:
@@ -93,6 +97,15 @@ def _fit(model: Model, request: GenerationRequest, fit: Fit) -> tuple[Generation
     room = reply_room(request, window)
     if whole + room <= window:
         return request, 0
+    if fit.asked is not None:
+        if whole < window:
+            return request, 0  # whole, with less room for the reply: the window it asked held it
+        raise UnsupportedParameter(
+            fit.asked_by or "num_ctx",
+            f"the chat takes {whole} prompt tokens: a window of {fit.asked} would hold it, "
+            f"but the model is loaded with a context window of {window} tokens (load it "
+            "with a larger one: tokenbelt serve --n-ctx)",
+        )
     head = 0
     while head < len(messages) - 1 and messages[head].get("role") in HEAD_ROLES:
         head += 1

@@ -51,8 +51,8 @@ class Options(BaseModel):
     )
     num_ctx: int | None = ranges.bounded(
         "num_ctx",
-        description="the chat's window: its oldest turns are left out beyond it (up to "
-        "the loaded model's context window)",
+        description="the chat's window: its oldest turns are left out beyond it; larger "
+        "than the loaded context, a chat that does not fit that is refused",
     )
 
 
@@ -105,17 +105,13 @@ class _Generation(BaseModel):
         o = self.options
         if o is None or o.num_ctx is None:
             return Fit(context_length)
+        if o.num_ctx > context_length:
+            return Fit(context_length, "options.num_ctx", asked=o.num_ctx)
         return Fit(o.num_ctx, "options.num_ctx")
 
     def sampling(self, context_length: int) -> dict[str, object]:
         """The runtime's sampling keyword arguments (None = its default)."""
         o = self.options or Options.model_validate({})
-        if o.num_ctx is not None and o.num_ctx > context_length:
-            raise UnsupportedParameter(
-                "options.num_ctx",
-                f"the model is loaded with a context window of {context_length} tokens, "
-                f"smaller than {o.num_ctx}",
-            )
         max_tokens = o.num_predict
         if max_tokens == 0:
             raise UnsupportedParameter("options.num_predict", "0 tokens: it must be >= 1, -1 or -2")
