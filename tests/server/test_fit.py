@@ -238,6 +238,10 @@ def test_an_engine_that_counts_no_tokens_refuses_truncation_it_cannot_do(
     error = answer.json()["error"]
     assert error["param"] == "truncation"
     assert "counts no prompt tokens" in error["message"]
-    # Ollama's chat fits by default: without num_ctx such an engine gets the chat whole
-    chat = {"model": "scripted", "messages": conversation(2), "stream": False}
-    assert httpx.post(served.url + "/api/chat", json=chat, timeout=NET).status_code == 200
+    # Ollama's chat is fitted by default: such an engine gets it whole, num_ctx or not
+    for options in ({}, {"num_ctx": 64}):
+        chat = {"model": "scripted", "messages": conversation(2), "stream": False}
+        answer = httpx.post(
+            served.url + "/api/chat", json={**chat, "options": options}, timeout=NET
+        )
+        assert answer.status_code == 200, answer.text

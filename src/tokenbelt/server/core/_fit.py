@@ -39,8 +39,9 @@ GRID_SHARE = 4
 @dataclass(frozen=True)
 class Fit:
     """A chat to fit into ``window`` tokens. ``asked_by``: the request's field that asked
-    for it, refused where the engine counts no tokens here (a remote engine); without
-    one, such a chat goes on whole, for its upstream to fit or refuse. ``asked``: a
+    for it. ``required``: that field is refused where the engine counts no tokens here
+    (a remote engine); else such a chat goes on whole, for its upstream to fit or
+    refuse. ``asked``: a
     larger window the request asked for than the model is loaded with (Ollama would load
     it again with that one): the chat then loses no turn, since that window would have
     held it; one that does not fit the loaded window is refused, naming the field."""
@@ -48,6 +49,7 @@ class Fit:
     window: int
     asked_by: str | None = None
     asked: int | None = None
+    required: bool = False
 
 
 def reply_room(request: GenerationRequest, window: int) -> int:
@@ -85,9 +87,9 @@ def _fit(model: Model, request: GenerationRequest, fit: Fit) -> tuple[Generation
     assert messages is not None
     counter = _counter(model, request)
     if counter is None:
-        if fit.asked_by is not None:
+        if fit.required:
             raise UnsupportedParameter(
-                fit.asked_by,
+                fit.asked_by or "truncation",
                 f"the {model.name} engine counts no prompt tokens here: its upstream "
                 "decides what fits",
             )

@@ -316,7 +316,9 @@ async def create(
             body.tokenbelt,
             api=API,
             request_id=x_request_id,
-            fit=Fit(model.context_length, "truncation") if body.truncation == "auto" else None,
+            fit=Fit(model.context_length, "truncation", required=True)
+            if body.truncation == "auto"
+            else None,
         )
     except InvalidArgument as exc:
         if exc.param != "think":
