@@ -12,8 +12,12 @@ so a change in machine load hits both; figures are medians over ``--rounds`` rou
 - ``free``: a story, sampled with a fixed seed: nothing to copy, so drafting must turn
   itself off. ``free_ratio`` (target >= 0.97);
 - ``greedy_same``: whether the edit's greedy text was the same with drafting and
-  without in every round (llama.cpp rounds a row of a bigger step differently, so a
-  near tie may go either way: ``greedy_common_chars`` says how far they agreed);
+  without in every round (``greedy_common_chars`` says how far they agreed). llama.cpp
+  adds a one-token step's attention up across its threads but a row of a many-row step
+  (a draft's verify) on one thread, so a near tie may go either way. The thread counts
+  are pinned to every usable core, so that only drafting differs: with the default
+  tuner, 1 and 2 decode threads give logits up to ~0.5 apart, and plain greedy text
+  changed from run to run (pinned, five runs were identical);
 - ``cancel_release_p95_ms``: eight edit streams with drafting on, one cancelled after a
   few tokens, ``--cancels`` times; target <= ``step_ms_8`` (the mean step of those
   batches) + 5 ms.
@@ -54,7 +58,7 @@ from typing import Any
 
 import _harness
 from tokenbelt import Runtime
-from tokenbelt.engines import BatchEngine
+from tokenbelt.engines import BatchEngine, usable_cores
 from tokenbelt.models import default_model_path
 
 PASSAGE = (
@@ -150,8 +154,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         w: {v: [] for v in VARIANTS} for w in ("edit", "free")
     }
+    # Thread counts pinned (every usable core, the best here): the default tuner may pick
+    # another decode count for a step, and llama.cpp's one-row attention adds up across
+    # its threads, so greedy text would differ with the count, drafting or not.
+    cores = usable_cores()
     with Runtime(
-        slots=8, keep_alive=None, n_ctx=2048, prefix_cache=False, capacity=args.capacity
+        slots=8,
+        keep_alive=None,
+        n_ctx=2048,
+        prefix_cache=False,
+        capacity=args.capacity,
+        n_threads=cores,
+        n_threads_batch=cores,
     ) as runtime:
         model = runtime.load(str(default_model_path()))
         engine = model.engines[0]
