@@ -129,4 +129,18 @@ def create_app(
     app.include_router(ollama.router)
     app.include_router(anthropic.router)
     _openapi.install(app)
+    _build_routes(app)
     return app
+
+
+def _build_routes(app: FastAPI) -> None:
+    """Have FastAPI build every route's parameters now, on the thread that makes the app.
+
+    FastAPI builds them at a route's first request, making pydantic schemas of the
+    dialects' shared body types; two servers in one process (an application's, a test's
+    upstream and front) could then build the same type on two threads at once, which
+    pydantic does not survive (a 500, ``__pydantic_core_schema__``). Matching any path
+    builds every route of each included router."""
+    scope = {"type": "http", "path": "/", "root_path": "", "method": "GET", "headers": []}
+    for route in app.router.routes:
+        route.matches(scope)
