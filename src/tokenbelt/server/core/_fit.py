@@ -19,8 +19,6 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import anyio
-
 from ..._errors import InvalidArgument, PromptTooLong
 from ...engines import GenerationRequest
 from ...runtime import Model
@@ -41,10 +39,10 @@ class Fit:
     """A chat to fit into ``window`` tokens. ``asked_by``: the request's field that asked
     for it. ``required``: that field is refused where the engine counts no tokens here
     (a remote engine); else such a chat goes on whole, for its upstream to fit or
-    refuse. ``asked``: a
-    larger window the request asked for than the model is loaded with (Ollama would load
-    it again with that one): the chat then loses no turn, since that window would have
-    held it; one that does not fit the loaded window is refused, naming the field."""
+    refuse. ``asked``: a larger window the request asked for than the model is loaded
+    with (Ollama would load it again with that one): the chat then loses no turn, since
+    that window would have held it; one that does not fit the loaded window is refused,
+    naming the field."""
 
     window: int
     asked_by: str | None = None
@@ -67,7 +65,7 @@ def cut_limit(whole: int, room: int, window: int) -> int:
     return whole - -(-need // grid) * grid
 
 
-async def fit_messages(
+def fit_messages(
     model: Model, request: GenerationRequest, fit: Fit
 ) -> tuple[GenerationRequest, int]:
     """``request`` with as few of its oldest turns left out as it takes for the prompt to
@@ -75,16 +73,11 @@ async def fit_messages(
     ``fit.window``, else one; and how many messages went. Unchanged when it fits, when it
     is not a chat, or when the engine counts no tokens here (a remote engine: its
     upstream fits, or refuses, the prompt itself). Raises ``PromptTooLong`` when the
-    system messages with the latest turn alone are too long for the window. Tokenizes
-    off the event loop."""
-    if request.messages is None or len(request.messages) < 2:
-        return request, 0
-    return await anyio.to_thread.run_sync(_fit, model, request, fit)
-
-
-def _fit(model: Model, request: GenerationRequest, fit: Fit) -> tuple[GenerationRequest, int]:
+    system messages with the latest turn alone are too long for the window. Blocks to
+    tokenize: call it off the event loop."""
     messages = request.messages
-    assert messages is not None
+    if messages is None or len(messages) < 2:
+        return request, 0
     counter = _counter(model, request)
     if counter is None:
         if fit.required:

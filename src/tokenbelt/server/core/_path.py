@@ -220,19 +220,23 @@ class RequestPath:
             request = dataclasses.replace(request, draft=options.draft)
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
-        try:
+
+        def queue(request: GenerationRequest, **how: Any) -> Stream:
+            # Fitted and queued on one worker thread: both tokenize, neither on the loop.
             dropped = 0
             if fit is not None:
-                request, dropped = await fit_messages(model, request, fit)
+                request, dropped = fit_messages(model, request, fit)
+            return model.submit(request, dropped_messages=dropped, **how)
+
+        try:
             stream = await anyio.to_thread.run_sync(
                 partial(
-                    model.submit,
+                    queue,
                     request,
                     limits=self.state.limits_for(options, model),
                     capacity=self.state.capacity_for(options),
                     request_id=request_id,
                     keep_alive=keep_alive,
-                    dropped_messages=dropped,
                 )
             )
         except BaseException:
