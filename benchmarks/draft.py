@@ -13,8 +13,9 @@ so a change in machine load hits both; figures are medians over ``--rounds`` rou
   itself off. ``free_ratio`` (target >= 0.97);
 - ``greedy_same``: whether the edit's greedy text was the same with drafting and
   without in every round (``greedy_common_chars`` says how far they agreed). llama.cpp
-  adds a one-token step's attention up across its threads but a row of a many-row step
-  (a draft's verify) on one thread, so a near tie may go either way. The thread counts
+  adds a one-row step's attention over 512 or more KV cells up across its threads but
+  computes each row of a few-row step (a draft's verify) on one thread, so a near tie
+  may go either way (with one decode thread the two agree). The thread counts
   are pinned to every usable core, so that only drafting differs: with the default
   tuner, 1 and 2 decode threads give logits up to ~0.5 apart, and plain greedy text
   changed from run to run (pinned, five runs were identical);

@@ -357,9 +357,12 @@ class BatchEngine:
     format and the invalidation rule).
 
     ``flash_attn`` ("auto", as llama.cpp's server has it: on for the CPU) is llama.cpp's
-    flash attention; "off" makes a stream's greedy text the same whatever shares its
-    steps (the flash kernel's sums depend on the batch's shape), at the price of
-    attention over every cell in use (``FLASH_ATTN``; a q8_0 cache needs it).
+    flash attention; "off" computes attention over every cell in use (``FLASH_ATTN``; a
+    q8_0 cache needs it on). Neither makes a stream's greedy text independent of what
+    shares its steps: llama.cpp's CPU kernels pick their path by the step's shape (one
+    row over 512 or more cells splits attention across the decode threads; 64 rows or
+    more take a tiled kernel; without flash attention one row's products differ from
+    many rows'), so a row is rounded by how many rows its step has.
 
     ``decode_nice`` (0 to 19; ``DEFAULT_DECODE_NICE``, Linux only) makes the engine thread
     and llama.cpp's threads that much nicer than the rest of the process: a thread with a
