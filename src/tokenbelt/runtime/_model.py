@@ -517,16 +517,21 @@ class Model(ChatCalls, EmbeddingCalls):
         """The prompt's token ids as the engine will see them (the chat template and the
         tools included); nothing is queued. Blocks and raises as ``count_prompt_tokens``,
         and ``InvalidArgument`` for an engine that has no vocabulary here (remote)."""
+        tokens = self.prompt_token_ids_here(request)
+        if tokens is None:
+            raise InvalidArgument(
+                f"return_token_ids is not supported by the {self.name} engine",
+                param="return_token_ids",
+            )
+        return tokens
 
-        def token_ids(engine: Engine) -> list[int]:
+    def prompt_token_ids_here(self, request: GenerationRequest) -> list[int] | None:
+        """As ``prompt_token_ids``, or None where the engine has no vocabulary here (a
+        remote engine: its upstream tokenizes)."""
+
+        def token_ids(engine: Engine) -> list[int] | None:
             tokenize = getattr(engine, "tokenize_request", None)
-            if tokenize is None:
-                raise InvalidArgument(
-                    f"return_token_ids is not supported by the {engine.name} engine",
-                    param="return_token_ids",
-                )
-            tokens: list[int] = tokenize(request)
-            return tokens
+            return None if tokenize is None else list(tokenize(request))
 
         return self._on_engine(token_ids)
 

@@ -141,12 +141,8 @@ def _counter(
     def count(r: GenerationRequest) -> int:
         return len(model.prompt_token_ids(r))
 
-    try:
-        return count, count(request)
-    except InvalidArgument as exc:
-        if exc.param == "return_token_ids":  # no tokenizer here: the upstream's business
-            return None
-        raise
+    whole = model.prompt_token_ids_here(request)
+    return None if whole is None else (count, len(whole))
 
 
 def _first_fit(starts: list[int], tokens: Callable[[int], int | None], limit: int) -> int | None:
