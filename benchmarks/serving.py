@@ -33,21 +33,32 @@ prompt, or a non-streamed one after 0.5 s) and a one-token request is sent at on
 time to first token minus that of the same request on the idle server is how long the
 slot stayed busy for nobody.
 
+guidellm (with ``--guidellm VENV``, a venv where guidellm is installed, as
+``scripts/bench_clients/run.py`` says): a load generator someone else wrote drives each side
+too, in the same round, ``--guidellm-streams`` concurrent streams (8) for
+``--guidellm-requests`` requests (32) of 64 synthetic prompt tokens and ``--tokens`` output
+tokens; ``{side}_guidellm_tok_s`` (output tokens over its measured span),
+``_guidellm_ttft_p50_ms`` / ``_p95_ms`` and ``_guidellm_itl_p50_ms`` / ``_p95_ms`` are its own
+figures, ``ratio_guidellm_tok_s`` tokenbelt (worker) over llama-server.
+
 Targets (issue 28): ``ratio_tok_s_{1,4,8,16} >= 1.0``; TTFT p50 and p95 no worse than
 llama-server's at each concurrency; inter-token p95 <= llama-server's + 10%.
 Run: ``.venv/bin/python benchmarks/serving.py [--rounds 2] [--tokens 128] [--leave]
-[--llama-server PATH] [--json]``.
+[--llama-server PATH] [--guidellm VENV] [--json]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,6 +256,8 @@ def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[
             for key, value in asyncio.run(_concurrent(url, name, n, args.tokens, bias)).items():
                 out[f"{key}_{n}"] = value
         out.update(asyncio.run(_mixed(url, name, args.tokens, bias)))
+        if args.guidellm:
+            out.update(_guidellm(args, url, name))
     if args.leave:
         port = _harness.free_port()
         with serving(_command(side, port, 1, args.n_ctx, args.threads, server), port) as (
@@ -253,6 +266,39 @@ def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[
         ):
             out.update(asyncio.run(_leave(url, name, bias)))
     return out
+
+
+def _bench_clients() -> Any:
+    """``scripts/bench_clients/run.py``, which knows how to run guidellm and read its report."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_clients" / "run.py"
+    spec = importlib.util.spec_from_file_location("bench_clients", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _guidellm(args: Any, url: str, name: str) -> dict[str, float]:
+    """guidellm's own figures for one run against the server at ``url``."""
+    clients = _bench_clients()
+    venv, gguf = Path(args.guidellm), Path(default_model_path())
+    tokenizer = clients.build_tokenizer(
+        venv, gguf, Path(tempfile.gettempdir()) / f"tokenizer-{gguf.stem}"
+    )
+    settings = argparse.Namespace(
+        venv=venv,
+        concurrency=args.guidellm_streams,
+        requests=args.guidellm_requests,
+        prompt_tokens=64,
+        output_tokens=args.tokens,
+        timeout=900.0,
+    )
+    work = Path(tempfile.mkdtemp(prefix="serving-guidellm-"))
+    result = clients.guidellm(settings, url, name, tokenizer, work)
+    if not result["ok"]:
+        raise SystemExit(f"guidellm failed against {url}: {result} (log: {work}/guidellm.log)")
+    return {f"guidellm_{key}": value for key, value in result["figures"].items()}
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -281,6 +327,9 @@ def run(args: Any) -> dict[str, Any]:
                     for mine, theirs in zip(rounds[side], rounds["llama-server"], strict=True)
                 ]
                 out[f"{name}_tok_s_{n}_range"] = [round(min(each), 3), round(max(each), 3)]
+        if args.guidellm:
+            peer = out["llama-server_guidellm_tok_s"]
+            out["ratio_guidellm_tok_s"] = round(out["process_guidellm_tok_s"] / peer, 3)
     return out
 
 
@@ -316,9 +365,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--leave", action="store_true", help="also busy-after-leave")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    parser.add_argument(
+        "--guidellm",
+        default=os.environ.get("TOKENBELT_GUIDELLM_VENV"),
+        help="a venv with guidellm: it drives each side too",
+    )
+    parser.add_argument("--guidellm-streams", type=int, default=8)
+    parser.add_argument("--guidellm-requests", type=int, default=32)
     args = _harness.parse(parser, argv)
     if args.rounds < 1 or args.tokens < 2 or min(args.streams) < 1:
         parser.error("--rounds and --streams must be >= 1, --tokens >= 2")
+    if args.guidellm_streams < 1 or args.guidellm_requests < 1:
+        parser.error("--guidellm-streams and --guidellm-requests must be >= 1")
+    if args.guidellm and not (Path(args.guidellm) / "bin" / "guidellm").is_file():
+        parser.error(f"--guidellm: no bin/guidellm in {args.guidellm}")
     _harness.emit(run(args), args.json, print_table)
     return 0
 

@@ -179,10 +179,30 @@ def guidellm(
         result["errored"] = state.get("errored_requests")
         result["cancelled"] = state.get("cancelled_requests")
         result["incomplete"] = state.get("incomplete_requests")
+        result["figures"] = guidellm_figures(bench)
     result["ok"] = (
         rc == 0 and result.get("successful") == args.requests and not result.get("errored")
     )
     return result
+
+
+def guidellm_figures(bench: dict[str, Any]) -> dict[str, float]:
+    """guidellm's own measures of a run (its report's first benchmark): output tokens/s
+    over the measured span, time to first token and inter-token latency (ms)."""
+    metrics = bench["metrics"]
+
+    def successful(name: str) -> dict[str, Any]:
+        found: dict[str, Any] = metrics[name]["successful"]
+        return found
+
+    ttft, itl = successful("time_to_first_token_ms"), successful("inter_token_latency_ms")
+    return {
+        "tok_s": round(successful("output_token_count")["total_sum"] / bench["duration"], 1),
+        "ttft_p50_ms": round(ttft["median"], 1),
+        "ttft_p95_ms": round(ttft["percentiles"]["p95"], 1),
+        "itl_p50_ms": round(itl["median"], 2),
+        "itl_p95_ms": round(itl["percentiles"]["p95"], 2),
+    }
 
 
 def llama_benchy(
@@ -247,9 +267,7 @@ def server_counts(url: str) -> dict[str, float]:
     """What the server counted: requests by end reason, and refusals."""
     counts: dict[str, float] = {}
     for line in str(get(f"{url}/metrics")).splitlines():
-        found = re.match(
-            r"^(tokenbelt_requests_total|tokenbelt_refused_requests_total)\{(.*)\} (\S+)$", line
-        )
+        found = _SERIES.match(line)
         if found:
             key = f"{found[1]}{{{found[2]}}}"
             counts[key] = counts.get(key, 0.0) + float(found[3])
