@@ -277,3 +277,51 @@ def test_a_grammar_that_does_not_parse_is_refused_before_it_queues(engine: Batch
     )
     with pytest.raises(InvalidArgument, match="does not parse"):
         engine.count_prompt_tokens(request)
+
+
+TREE_DEFS = {
+    "Tree": {
+        "type": "object",
+        "properties": {
+            "label": {"type": "string", "maxLength": 8},
+            "children": {"type": "array", "items": {"$ref": "#/$defs/Tree"}, "maxItems": 2},
+        },
+        "required": ["label", "children"],
+    }
+}
+#: shapes pydantic and langchain write: a bare ``list`` (``items: {}``), ``items: true``,
+#: bounds with no ``items``, a recursive model (its root only a ``$ref`` into ``$defs``)
+WRITTEN_BY_CLIENTS = [
+    {
+        "type": "object",
+        "properties": {"c": {"type": "array", "items": {}, "maxItems": 3}},
+        "required": ["c"],
+    },
+    {
+        "type": "object",
+        "properties": {"c": {"type": "array", "items": True, "maxItems": 3}},
+        "required": ["c"],
+    },
+    {"type": "object", "properties": {"c": {"type": "array", "maxItems": 1}}, "required": ["c"]},
+]
+
+
+def test_a_recursive_model_compiles_from_its_root_ref() -> None:
+    grammar = schema_grammar({"$defs": TREE_DEFS, "$ref": "#/$defs/Tree"})
+    rules = dict(line.split(" ::= ", 1) for line in grammar.gbnf.splitlines() if " ::= " in line)
+    assert "label-kv" in rules["root"]
+    assert "children-kv" in rules["root"]
+    assert "Tree" in rules["children-item"]  # the recursion, through $defs
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("schema", WRITTEN_BY_CLIENTS, ids=["empty", "true", "bounds"])
+def test_schemas_clients_write_compile_and_hold(engine: BatchEngine, schema: Any) -> None:
+    request = GenerationRequest.chat(
+        [{"role": "user", "content": "Give me the numbers 1, 2 and 3 as JSON."}],
+        SamplingParams(max_tokens=120, temperature=0.0),
+        grammar=schema_grammar(schema),
+    )
+    text, reason = run(engine, request)
+    assert reason is EndReason.STOP, text
+    jsonschema.validate(json.loads(text), schema)

@@ -80,7 +80,7 @@ class _SchemaCache:
     def _convert(self, canonical: str) -> tuple[str, float]:
         _binding()
         started = time.perf_counter()
-        schema = json.loads(canonical)
+        schema = for_converter(json.loads(canonical))
         check_enforceable(schema)
         try:
             converter = new_converter()
@@ -114,6 +114,55 @@ class _SchemaCache:
 
 
 _CACHE = _SchemaCache(SCHEMA_CACHE_SIZE)
+
+
+#: an item schema that allows any JSON value, as ``{}`` and ``true`` do: llama-cpp-python's
+#: converter reads a falsy ``items`` as absent (and then wants ``prefixItems``)
+ANY_ITEM = {"description": "any JSON value"}
+
+
+def for_converter(schema: Any) -> Any:
+    """``schema`` as the converter can take it, meaning the same: an array's ``items`` of
+    ``{}`` or ``true`` (pydantic writes ``{}`` for a bare ``list``), or none beside
+    ``minItems``/``maxItems``, becomes ``ANY_ITEM``, so the bounds are kept; a root that is
+    only a ``$ref`` into its own ``$defs`` (pydantic's recursive models) becomes the
+    definition it names, its ``$defs`` kept for the references inside."""
+    schema = _any_items(schema)
+    if isinstance(schema, dict) and isinstance(ref := schema.get("$ref"), str):
+        target = _pointer(schema, ref)
+        if isinstance(target, dict) and "$ref" not in target:
+            schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **target}
+    return schema
+
+
+def _any_items(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_any_items(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _any_items(v) for k, v in node.items()}
+    items = out.get("items")
+    bounded = out.get("type") == "array" and ("minItems" in out or "maxItems" in out)
+    if (
+        items is True
+        or items == {}
+        or (bounded and "items" not in out and "prefixItems" not in out)
+    ):
+        out["items"] = dict(ANY_ITEM)
+    return out
+
+
+def _pointer(document: dict[str, Any], ref: str) -> Any:
+    """What a local ``#/a/b`` reference names in ``document`` (None: nothing)."""
+    if not ref.startswith("#/"):
+        return None
+    node: Any = document
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def check_enforceable(schema: object, where: str = "") -> Audit:
