@@ -330,6 +330,37 @@ def test_tool_choice_any_gives_a_tool_use_block(
     assert final.stop_reason == "tool_use"
 
 
+PERSON_TOOL = {
+    "name": "P",
+    "description": "person",
+    "input_schema": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    },
+}
+
+
+def test_a_tool_call_cut_by_max_tokens_is_a_max_tokens_message(served: Served) -> None:
+    """A forced call whose arguments the limit cuts off: a 200 that says max_tokens, its
+    tool_use block's input empty (as the SDK makes of the same reply streamed); it was a
+    plain-text 500, which the SDK retried."""
+    body = {
+        "model": name(served),
+        "max_tokens": 28,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Bob is 30."}],
+        "tools": [PERSON_TOOL],
+        "tool_choice": {"type": "tool", "name": "P"},
+    }
+    r = httpx.post(f"{served.url}/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    assert reply["stop_reason"] == "max_tokens"
+    assert [b["type"] for b in reply["content"]] == ["tool_use"]
+    assert reply["content"][0]["input"] == {}
+
+
 def test_a_tool_result_gets_a_text_answer(client: anthropic.Anthropic, served: Served) -> None:
     called = {
         "type": "tool_use",

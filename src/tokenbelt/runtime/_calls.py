@@ -139,8 +139,12 @@ class ToolCall:
 
     @property
     def args(self) -> Any:
-        """The arguments, parsed."""
-        return json.loads(self.arguments)
+        """The arguments, parsed; ``{}`` where they are not whole JSON (a call the reply's
+        length cut off: its ``arguments`` keep what was made)."""
+        try:
+            return json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return {}
 
     def to_openai(self) -> dict[str, Any]:
         return {
