@@ -400,6 +400,17 @@ def test_bad_input_is_a_400_naming_it(stateless: Served, body: dict[str, Any], p
     assert stateless.recorder.enqueued() == []
 
 
+def test_top_logprobs_says_where_log_probabilities_are(stateless: Served) -> None:
+    r = _post(stateless, {"model": "scripted", "input": "hi", "top_logprobs": 2})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "top_logprobs"
+    assert "no log probabilities on /v1/responses" in error["message"]
+    assert "Value error" not in error["message"]
+    assert "0 to 20" not in error["message"]
+    assert _post(stateless, {"model": "scripted", "input": "hi", "top_logprobs": 0}).is_success
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status"),
     [
@@ -414,6 +425,8 @@ def test_a_route_that_is_not_here_says_so(
 ) -> None:
     r = plainhttp.request(method, f"{stateless.url}{path}", json={}, timeout=NET)
     assert r.status_code == status
+    # the SDKs retry a 5xx unless told not to; a missing route does not come back
+    assert r.headers.get("x-should-retry") == ("false" if status == 501 else None)
     body = r.json()
     message = body["error"]["message"]
     assert f"{method} {path}" in message

@@ -201,6 +201,8 @@ def _describe(errors: list[Any]) -> str:
         loc = _where(err)
         # pydantic's "Extra inputs are not permitted" does not say what the user needs to hear.
         msg = "unsupported parameter" if err.get("type") == "extra_forbidden" else err.get("msg")
+        if err.get("type") == "value_error":  # a validator's own words, without pydantic's prefix
+            msg = str(msg).removeprefix("Value error, ")
         limits = range_of(loc.rsplit(".", 1)[-1]) if err.get("type") in _BOUNDS else None
         if limits is not None:  # the whole range, as the SDK and the CLI say it
             msg = f"must be {limits.text()}, got {err.get('input')!r}"
@@ -269,8 +271,14 @@ def install(app: FastAPI, dialects: Dialects, clean: Callable[[str], str] = str)
         if exc.status_code == 404 and exc.detail == "Not Found":  # no route: say which
             status, message = missing(request.method, request.url.path)
             code = "not_implemented" if status == 501 else "route_not_found"
+            # A 501 is a 5xx that a retry cannot mend: the SDKs retry 5xx unless told not to.
             answer = error_response(
-                status, message, "invalid_request_error", code, shape=shape(request)
+                status,
+                message,
+                "invalid_request_error",
+                code,
+                headers=NO_RETRY if status == 501 else None,
+                shape=shape(request),
             )
             return refused(request, answer, code)
         if exc.status_code == 405:

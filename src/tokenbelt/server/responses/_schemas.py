@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from ..core import TokenbeltOptions, ranges
 
@@ -208,7 +208,7 @@ class ResponseRequest(BaseModel):
     max_output_tokens: int | None = ranges.bounded("max_tokens")
     temperature: ranges.Temperature = None
     top_p: ranges.TopP = None
-    top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: none")
+    top_logprobs: int | None = Field(None, description="only 0: none")
     text: TextConfig | None = None
     reasoning: Reasoning | None = Field(
         None, description="a thinking model's effort (reasoning items come in the output)"
@@ -244,3 +244,13 @@ class ResponseRequest(BaseModel):
     seed: ranges.Seed = None
     stop: ranges.Stop = None
     tokenbelt: TokenbeltOptions | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError(
+                f"got {value}: tokenbelt returns no log probabilities on /v1/responses (only "
+                "0 is taken); /v1/chat/completions returns them (logprobs, top_logprobs)"
+            )
+        return value
