@@ -584,3 +584,28 @@ def test_a_keep_alive_past_its_range_is_refused_naming_it_and_ps_still_answers(
     assert served.model().keep_alive == before  # unchanged
     response = plainhttp.get(f"{served.url}/api/ps", timeout=NET)
     assert response.status_code == 200
+
+
+def test_penalties_change_the_greedy_text_and_off_values_are_accepted(
+    client: ollama.Client, served: Served
+) -> None:
+    """Ollama's documented options: its penalties work as on /v1; mirostat 0 and
+    typical_p 1.0 (its defaults, which some clients send on every request) are off."""
+    ask = [{"role": "user", "content": "Write the word 'the' ten times."}]
+
+    def text(**options: object) -> str:
+        reply = client.chat(
+            name(served), messages=ask, options={"temperature": 0, "num_predict": 30, **options}
+        )
+        return reply.message.content or ""
+
+    plain = text()
+    assert text() == plain  # greedy repeats: a difference below comes from the penalty
+    assert text(frequency_penalty=2.0) != plain
+    assert text(presence_penalty=2.0) != plain
+    assert text(mirostat=0, typical_p=1.0, frequency_penalty=0.0) == plain
+    with pytest.raises(ollama.ResponseError) as refused:
+        text(typical_p=0.5)
+    assert refused.value.status_code == 400
+    assert "options.typical_p" in str(refused.value.error)
+    assert "no typical sampling" in str(refused.value.error)

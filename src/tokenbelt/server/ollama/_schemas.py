@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..._errors import InvalidArgument
 from ...belt import MAX_KEEP_ALIVE_S
@@ -44,6 +44,10 @@ class Options(BaseModel):
     top_k: ranges.TopK = None
     min_p: ranges.MinP = None
     repeat_penalty: ranges.RepeatPenalty = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    mirostat: int | None = Field(None, description="only 0 (off), Ollama's default")
+    typical_p: float | None = Field(None, description="only 1.0 (off), Ollama's default")
     seed: ranges.Seed = None
     stop: ranges.Stop = None
     num_predict: int | None = ranges.bounded(
@@ -54,6 +58,20 @@ class Options(BaseModel):
         description="the chat's window: its oldest turns are left out beyond it; larger "
         "than the loaded context, a chat that does not fit that is refused",
     )
+
+    @field_validator("mirostat")
+    @classmethod
+    def _mirostat_off(cls, value: int | None) -> int | None:
+        if value not in (None, 0):
+            raise ValueError(f"got {value}: tokenbelt samples without mirostat (only 0, off)")
+        return value
+
+    @field_validator("typical_p")
+    @classmethod
+    def _typical_off(cls, value: float | None) -> float | None:
+        if value not in (None, 1.0):
+            raise ValueError(f"got {value}: tokenbelt has no typical sampling (only 1.0, off)")
+        return value
 
 
 class _Generation(BaseModel):
@@ -124,6 +142,8 @@ class _Generation(BaseModel):
             "top_k": o.top_k,
             "min_p": o.min_p,
             "repeat_penalty": o.repeat_penalty,
+            "frequency_penalty": o.frequency_penalty,
+            "presence_penalty": o.presence_penalty,
             "seed": o.seed,
             "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
             "think": self.think,
