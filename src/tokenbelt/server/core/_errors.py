@@ -197,7 +197,7 @@ _BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 def _describe(errors: list[Any]) -> str:
     parts = []
-    for err in errors[:5]:
+    for err in errors[:20]:  # every bad field at once, within reason
         loc = _where(err)
         # pydantic's "Extra inputs are not permitted" does not say what the user needs to hear.
         msg = "unsupported parameter" if err.get("type") == "extra_forbidden" else err.get("msg")

@@ -1,6 +1,6 @@
 """What a route that is not here answers: never a bare ``Not Found``.
 
-A client that calls an OpenAI or Anthropic route tokenbelt does not serve is told
+A client that calls an OpenAI, Anthropic or Ollama route tokenbelt does not serve is told
 which route, that it is known and not implemented (501), and what this server serves
 instead; any other unknown path is a 404 that names it. Both come in the error shape
 of the API the path belongs to.
@@ -28,12 +28,17 @@ KNOWN: dict[str, str] = {
     "/v1/complete": "Anthropic's legacy text completions (use /v1/messages)",
     "/v1/messages/batches": "Anthropic message batches",
     "/v1/skills": "Anthropic skills",
+    "/api/create": "Ollama model creation (serve a GGUF file: tokenbelt serve PATH)",
+    "/api/copy": "Ollama model copies (a catalog alias names a model)",
+    "/api/push": "Ollama model pushes",
+    "/api/blobs/": "Ollama blobs",
 }
 
 SERVED = (
     "it serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, "
-    "/v1/embeddings, /v1/rerank, /v1/messages, /api/chat, /api/generate, /api/embed "
-    "and tokenbelt's own routes (see /docs)"
+    "/v1/embeddings, /v1/rerank, /v1/messages, /api/chat, /api/generate, /api/embed, "
+    "/api/tags, /api/show, /api/ps, /api/pull, /api/delete, /api/version and tokenbelt's "
+    "own routes (see /docs)"
 )
 
 
