@@ -608,4 +608,4 @@ def test_penalties_change_the_greedy_text_and_off_values_are_accepted(
         text(typical_p=0.5)
     assert refused.value.status_code == 400
     assert "options.typical_p" in str(refused.value.error)
-    assert "no typical sampling" in str(refused.value.error)
+    assert "without typical sampling" in str(refused.value.error)

@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..._errors import InvalidArgument
 from ...belt import MAX_KEEP_ALIVE_S
@@ -59,19 +59,20 @@ class Options(BaseModel):
         "than the loaded context, a chat that does not fit that is refused",
     )
 
-    @field_validator("mirostat")
+    @field_validator("mirostat", "typical_p")
     @classmethod
-    def _mirostat_off(cls, value: int | None) -> int | None:
-        if value not in (None, 0):
-            raise ValueError(f"got {value}: tokenbelt samples without mirostat (only 0, off)")
+    def _off(cls, value: float | None, info: ValidationInfo) -> float | None:
+        off, what = _OFF[str(info.field_name)]
+        if value not in (None, off):
+            raise ValueError(f"got {value}: tokenbelt samples without {what} (only {off}, off)")
         return value
 
-    @field_validator("typical_p")
-    @classmethod
-    def _typical_off(cls, value: float | None) -> float | None:
-        if value not in (None, 1.0):
-            raise ValueError(f"got {value}: tokenbelt has no typical sampling (only 1.0, off)")
-        return value
+
+#: options tokenbelt takes only at Ollama's default, which turns them off: (that, what)
+_OFF: dict[str, tuple[float, str]] = {
+    "mirostat": (0, "mirostat"),
+    "typical_p": (1.0, "typical sampling"),
+}
 
 
 class _Generation(BaseModel):
