@@ -609,3 +609,12 @@ def test_penalties_change_the_greedy_text_and_off_values_are_accepted(
     assert refused.value.status_code == 400
     assert "options.typical_p" in str(refused.value.error)
     assert "without typical sampling" in str(refused.value.error)
+
+
+def test_logprobs_say_which_route_returns_them(served: Served) -> None:
+    for asked in ({"logprobs": True}, {"top_logprobs": 2}):
+        body = {"model": name(served), "messages": SEA, "stream": False, **asked}
+        r = httpx.post(f"{served.url}/api/chat", json=body, timeout=NET)
+        assert r.status_code == 400, r.text
+        assert "its OpenAI chat completions return them" in r.json()["error"]
+    assert served.recorder.events == []  # refused before anything was queued

@@ -68,6 +68,11 @@ class Options(BaseModel):
         return value
 
 
+_NO_LOGPROBS = (
+    "tokenbelt returns no log probabilities on Ollama's routes; its OpenAI chat "
+    "completions return them (logprobs, top_logprobs)"
+)
+
 #: options tokenbelt takes only at Ollama's default, which turns them off: (that, what)
 _OFF: dict[str, tuple[float, str]] = {
     "mirostat": (0, "mirostat"),
@@ -112,12 +117,9 @@ class _Generation(BaseModel):
     def check_supported(self) -> None:
         """Raise ``UnsupportedParameter`` for a field set to something tokenbelt can't do."""
         self.grammar()
-        if self.logprobs:
-            raise UnsupportedParameter("logprobs", "tokenbelt does not return log probabilities")
-        if self.top_logprobs:
-            raise UnsupportedParameter(
-                "top_logprobs", "tokenbelt does not return log probabilities"
-            )
+        for name in ("logprobs", "top_logprobs"):
+            if getattr(self, name):
+                raise UnsupportedParameter(name, _NO_LOGPROBS)
 
     def fit(self, context_length: int) -> Fit:
         """The window a chat's prompt and reply fit in: ``num_ctx``, else the context."""
