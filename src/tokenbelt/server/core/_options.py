@@ -47,6 +47,8 @@ TopP = Annotated[float | None, Field(gt=0, le=1)]
 TopK = Annotated[int | None, Field(**RANGES["top_k"].bounds())]
 MinP = Annotated[float | None, Field(ge=0, le=1)]
 RepeatPenalty = Annotated[float | None, Field(gt=0, le=10)]
+#: OpenAI's frequency and presence penalties (Ollama takes them too)
+Penalty = Annotated[float | None, Field(ge=-2, le=2)]
 Seed = Annotated[int | None, Field(**RANGES["seed"].bounds())]
 #: a stop string is never empty (an empty one would end every reply at once)
 StopString = Annotated[str, Field(min_length=1)]

@@ -44,8 +44,8 @@ class Options(BaseModel):
     top_k: ranges.TopK = None
     min_p: ranges.MinP = None
     repeat_penalty: ranges.RepeatPenalty = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: ranges.Penalty = None
+    presence_penalty: ranges.Penalty = None
     mirostat: int | None = Field(None, description="only 0 (off), Ollama's default")
     typical_p: float | None = Field(None, description="only 1.0 (off), Ollama's default")
     seed: ranges.Seed = None

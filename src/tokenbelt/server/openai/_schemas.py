@@ -109,8 +109,8 @@ class _Sampling(BaseModel):
     seed: ranges.Seed = None
     stop: ranges.Stop = None
     n: int = ranges.bounded("n", 1, description="choices to generate, each a sequence of its own")
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: ranges.Penalty = None
+    presence_penalty: ranges.Penalty = None
     logit_bias: dict[str, float] | None = Field(
         None, max_length=1024, description="token id -> bias in [-100, 100]"
     )
