@@ -406,6 +406,20 @@ def test_a_tool_result_gets_a_text_answer(client: anthropic.Anthropic, served: S
     )
 
 
+def test_a_tool_result_that_answers_no_tool_use_is_a_400(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}
+    other = {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}}
+    for before in ([], [{"role": "assistant", "content": [other]}]):
+        messages: Any = [*ASK, *before, {"role": "user", "content": [result]}]
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model=name(served), max_tokens=4, messages=messages)
+        assert "tool_use_id 'toolu_1', which no tool_use block" in caught.value.message
+        assert f"messages[{len(messages) - 1}]" in caught.value.message
+    assert not served.recorder.enqueued()
+
+
 def test_count_tokens_is_the_requests_input_tokens(
     client: anthropic.Anthropic, served: Served
 ) -> None:

@@ -89,12 +89,46 @@ def test_name_and_tool_messages_are_accepted(client: openai.OpenAI) -> None:
         model=MODEL,
         messages=[
             {"role": "user", "content": "What is the weather?", "name": "ada"},
-            {"role": "assistant", "content": "Let me look."},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [WEATHER_CALL]},
             {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1"},
         ],
         max_tokens=4,
     )
     assert reply.choices[0].message.content
+
+
+WEATHER_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "weather", "arguments": "{}"},
+}
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        [{"role": "assistant", "content": "Let me look."}],  # no call at all
+        [{"role": "assistant", "content": None, "tool_calls": [{**WEATHER_CALL, "id": "call_9"}]}],
+        # answered a turn too late: a user turn came between the call and the result
+        [
+            {"role": "assistant", "content": None, "tool_calls": [WEATHER_CALL]},
+            {"role": "user", "content": "Well?"},
+        ],
+    ],
+)
+def test_a_tool_message_that_answers_no_call_is_a_400(
+    client: openai.OpenAI, before: list[dict[str, object]]
+) -> None:
+    messages = [
+        {"role": "user", "content": "What is the weather?"},
+        *before,
+        {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1"},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    at = len(messages) - 1
+    assert caught.value.param == f"messages.{at}.tool_call_id"
+    assert "'call_1' is not among the tool_calls" in caught.value.message
 
 
 def test_an_image_part_is_a_400_naming_the_missing_vision(client: openai.OpenAI) -> None:

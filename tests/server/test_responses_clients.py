@@ -184,6 +184,22 @@ def test_a_named_tool_choice_and_the_call_output(client: openai.OpenAI) -> None:
     assert second.output_text
 
 
+def test_an_output_for_no_call_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL,
+            store=False,
+            input=[
+                {"role": "user", "content": "Weather in Lima?"},
+                {"type": "function_call_output", "call_id": "call_9", "output": "cloudy"},
+            ],
+        )
+    assert caught.value.param == "input"
+    assert "no function_call before the function_call_output for call_id 'call_9'" in (
+        caught.value.message
+    )
+
+
 def test_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
     parsed = client.responses.parse(
         model=MODEL,

@@ -183,6 +183,30 @@ def render_messages(
     return tuple(out)
 
 
+def unanswered(
+    messages: Sequence[Mapping[str, Any]], *, anywhere: bool = False
+) -> tuple[int, str] | None:
+    """The first ``tool`` turn that answers no call, as (its index, its ``tool_call_id``),
+    or None: its id must be one of the ``tool_calls`` of the assistant turn before it
+    (other tool turns may come between, as OpenAI's chat and Anthropic's messages
+    require), or with ``anywhere`` of any assistant turn before it (the Responses API's
+    rule). A result that answers nothing is a client's bug the model should not be
+    shown: the APIs tokenbelt speaks refuse it."""
+    made: set[str] = set()
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "assistant":
+            ids = {str(c.get("id")) for c in m.get("tool_calls") or ()}
+            made = made | ids if anywhere else ids
+        elif role == "tool":
+            answered = str(m.get("tool_call_id"))
+            if answered not in made:
+                return i, answered
+        elif not anywhere:
+            made = set()
+    return None
+
+
 def _template_call(call: ToolCall) -> dict[str, Any]:
     """A call as chat templates take it: the arguments an object (text if not JSON)."""
     try:

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..._errors import InvalidArgument
+from ...runtime import structured
 from ..core import TokenbeltOptions, UnsupportedParameter, ranges
 from ._options import ContextManagement, OutputConfig, Thinking
 
@@ -247,7 +249,17 @@ class CountTokensRequest(BaseModel):
                     system.append(text)
                 continue
             last = i
-            out.extend(_turns(m.role, m.content, f"messages[{i}]"))
+            turns = _turns(m.role, m.content, f"messages[{i}]")
+            before = out[-1:] if out and out[-1]["role"] == "assistant" else []
+            orphan = structured.unanswered([*before, *turns])
+            if orphan is not None:
+                raise InvalidArgument(
+                    f"messages[{i}]: tool_result for tool_use_id {orphan[1]!r}, which no "
+                    "tool_use block of the previous message has; each tool_result answers a "
+                    "tool_use of the assistant message before it",
+                    param=f"messages[{i}].content",
+                )
+            out.extend(turns)
         if last is None:
             raise UnsupportedParameter("messages", "system messages alone; send a user turn")
         if self.messages[last].role == "assistant" and not self.continues_final():

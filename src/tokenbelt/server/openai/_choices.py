@@ -8,8 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from ..._errors import InvalidArgument
 from ...engines import TokenLogprob
-from ...runtime import Stream
+from ...runtime import Stream, structured
 from ..core import UnsupportedParameter
 from ._schemas import AssistantMessage, Message, ToolMessage
 
@@ -55,6 +56,14 @@ def messages_for(messages: Sequence[Message], model: str) -> list[dict[str, Any]
         if isinstance(m, ToolMessage):
             message["tool_call_id"] = m.tool_call_id
         out.append(message)
+    orphan = structured.unanswered(out)
+    if orphan is not None:
+        i, call_id = orphan
+        raise InvalidArgument(
+            f"messages[{i}]: tool_call_id {call_id!r} is not among the tool_calls of the "
+            "assistant message before it; a tool message answers one of those calls",
+            param=f"messages.{i}.tool_call_id",
+        )
     return out
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..._errors import InvalidArgument
+from ...runtime import structured
 from ..core import UnsupportedParameter
 from ._schemas import (
     FunctionCallItem,
@@ -114,6 +116,13 @@ def messages_from(items: Sequence[dict[str, Any]], model: str) -> list[dict[str,
         else:
             text = _text(item["output"], f"input.{i}.output", model)
             out.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
+    orphan = structured.unanswered(out, anywhere=True)
+    if orphan is not None:
+        raise InvalidArgument(
+            f"input: no function_call before the function_call_output for call_id "
+            f"{orphan[1]!r}; an output answers a call made earlier in the conversation",
+            param="input",
+        )
     return out
 
 
