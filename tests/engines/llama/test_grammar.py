@@ -314,6 +314,17 @@ def test_a_recursive_model_compiles_from_its_root_ref() -> None:
     assert "Tree" in rules["children-item"]  # the recursion, through $defs
 
 
+def test_a_schema_of_only_validated_keywords_is_any_value_checked_after() -> None:
+    from tokenbelt.engines.llama._schema_rules import audit
+
+    for schema in ({"not": {"type": "string"}}, {"uniqueItems": True, "description": "d"}):
+        grammar = schema_grammar(schema)  # the converter alone refused it
+        lines = grammar.gbnf.splitlines()
+        rules = dict(line.split(" ::= ", 1) for line in lines if " ::= " in line)
+        assert rules["root"].strip() == "value"
+        assert audit(schema).checked_after  # what the grammar lets through is validated
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("schema", WRITTEN_BY_CLIENTS, ids=["empty", "true", "bounds"])
 def test_schemas_clients_write_compile_and_hold(engine: BatchEngine, schema: Any) -> None:

@@ -10,7 +10,8 @@ beyond date, time, date-time and uuid. ``Converter`` is that converter with:
   or has no bounds (the residues modulo the step, digit by digit);
 - number bounds as far as a grammar can go: the sign and the integer part, no exponent;
 - the formats email, hostname, ipv4, ipv6, duration and uri;
-- a schema of annotations only (``description``...) as any JSON value;
+- a schema of annotations only (``description``...), or of them and keywords only
+  validation checks (``not``...), as any JSON value;
 - a ``maxLength`` or ``maxItems`` above ``MAX_REPEATED`` left out (checked after).
 
 ``audit`` walks a schema and sorts its keywords: what the grammar cannot enforce
@@ -307,10 +308,11 @@ def _converter_class() -> Any:
         def visit(self, schema: dict[str, Any], name: str) -> str:
             kind = schema.get("type")
             rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
-            if schema and not schema.keys() - _ANNOTATIONS:
-                # Any JSON value (Claude Code's Workflow ``args``); the converter asserts
-                # on it. A bare ``{}`` stays the converter's object: tool parameters
-                # ``{}`` mean a call with no arguments, and its arguments are an object.
+            if schema and not schema.keys() - _ANNOTATIONS - _VALIDATED_ONLY:
+                # Any JSON value (Claude Code's Workflow ``args``; ``{"not": ...}`` alone,
+                # which validation checks after); the converter asserts on it. A bare
+                # ``{}`` stays the converter's object: tool parameters ``{}`` mean a call
+                # with no arguments, and its arguments are an object.
                 value = self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])
                 return str(self._add_rule(rule, value))
             if any(_too_long(schema, k) for k in _LIMITS):
