@@ -6,6 +6,7 @@ shapes, the ends and the bounds are checked exactly, fast.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -397,6 +398,42 @@ def test_bad_input_is_a_400_naming_it(stateless: Served, body: dict[str, Any], p
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param, error
+    assert stateless.recorder.enqueued() == []
+
+
+def _file(data: bytes, media: str, name: str = "notes.txt") -> dict[str, Any]:
+    encoded = base64.b64encode(data).decode()
+    return {"type": "input_file", "filename": name, "file_data": f"data:{media};base64,{encoded}"}
+
+
+def test_a_text_file_is_read_as_text(stateless: Served) -> None:
+    engine = stateless.model("scripted").engines[0]  # type: ignore[attr-defined]
+    asked = {"type": "input_text", "text": "Summarize it."}
+    for media in ("text/plain", "application/json", ""):  # "": known by its name
+        content = [asked, _file(b"milk, eggs\nbread", media)]
+        body = {"model": "scripted", "input": [{"role": "user", "content": content}]}
+        assert _post(stateless, body).status_code == 200
+        assert engine.seen[-1][-1]["content"] == "Summarize it.\nnotes.txt:\nmilk, eggs\nbread"
+
+
+@pytest.mark.parametrize(
+    ("part", "says"),
+    [
+        (_file(b"%PDF-1.4", "application/pdf", "a.pdf"), "'application/pdf'"),
+        (_file(b"\xff\xfe", "text/plain"), "not base64 UTF-8 text"),
+        ({"type": "input_file", "file_id": "file-1"}, "no Files API"),
+        ({"type": "input_file", "file_data": "aGk="}, "a base64 data: URL"),
+    ],
+)
+def test_a_file_that_is_not_text_is_a_400_saying_why(
+    stateless: Served, part: dict[str, Any], says: str
+) -> None:
+    body = {"model": "scripted", "input": [{"role": "user", "content": [part]}]}
+    r = _post(stateless, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"].startswith("input.0.content.0"), error
+    assert says in error["message"], error
     assert stateless.recorder.enqueued() == []
 
 
