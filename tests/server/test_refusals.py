@@ -54,6 +54,13 @@ def refusals(served: Served) -> dict[tuple[str, str, str], float]:
         ("POST", "/v1/nowhere", {}, AUTH, ("unmatched", "404", "route_not_found")),
         ("GET", CHAT, None, AUTH, (CHAT, "405", "method_not_allowed")),
         (
+            "GET",
+            "/v1/responses/resp_nope",
+            None,
+            AUTH,
+            ("/v1/responses/{response_id}", "404", "response_not_found"),
+        ),
+        (
             "POST",
             "/api/chat",
             {"model": "scripted", "messages": [], "options": {"mirostat": 1}},

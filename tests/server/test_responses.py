@@ -231,8 +231,13 @@ def test_previous_response_id_rebuilds_the_conversation(stored: Served) -> None:
         c.responses.delete(first.id)
         with pytest.raises(openai.NotFoundError, match="deleted"):
             c.responses.retrieve(first.id)
-        with pytest.raises(openai.NotFoundError, match="earlier response"):
+        with pytest.raises(openai.NotFoundError) as caught:
             c.responses.create(model="scripted", input="again", previous_response_id=second.id)
+        assert caught.value.body["message"] == (  # type: ignore[index]
+            f"response {second.id!r} cannot be continued: an earlier response of its "
+            f"conversation, {first.id!r}, is gone (it was deleted)"
+        )
+        assert caught.value.code == "response_not_found"
         with pytest.raises(openai.NotFoundError, match="never stored"):
             c.responses.retrieve("resp_nope")
 

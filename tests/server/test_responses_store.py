@@ -104,8 +104,9 @@ def test_a_conversation_is_its_chain_of_links() -> None:
     # Each entry holds its own turn only: the chain costs its turns, not their square.
     assert store.get("c").size == store.get("a").size
     store.delete("a")
-    with pytest.raises(Gone, match="earlier response of its conversation, a, is gone"):
+    with pytest.raises(Gone, match="earlier response of its conversation, 'a', is gone") as gone:
         store.conversation("c")
+    assert (gone.value.response_id, gone.value.asked) == ("a", "c")
 
 
 def test_a_running_entry_is_never_evicted_and_its_events_wait_for_room() -> None:

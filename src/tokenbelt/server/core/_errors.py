@@ -24,6 +24,15 @@ from ._missing import missing
 from ._options import range_of
 
 
+class NotHere(errors.InvalidArgument):
+    """A thing a request names by id that is not here: a 404 whose ``code`` says which
+    (``response_not_found``), counted under that code."""
+
+    def __init__(self, message: str, *, code: str, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.code = code
+
+
 class UnsupportedParameter(errors.InvalidArgument):
     """A request used a parameter tokenbelt does not support; answered 400, never ignored."""
 
@@ -139,6 +148,8 @@ def _answer_for(
     if isinstance(exc, errors.PromptTooLong):
         code = "context_length_exceeded"
         return answer(400, text, "invalid_request_error", code), code
+    if isinstance(exc, NotHere):
+        return answer(404, text, "invalid_request_error", exc.code, param=exc.param), exc.code
     if isinstance(exc, UnsupportedParameter):
         code = "unsupported_parameter"
         return answer(400, text, "invalid_request_error", code, param=exc.param), code
@@ -307,7 +318,9 @@ def install(app: FastAPI, dialects: Dialects, clean: Callable[[str], str] = str)
         retry_after_s = request.app.state.tokenbelt.settings.retry_after_s
         answer, code = _answer_for(exc, retry_after_s, shape(request), clean(str(exc)))
         if answer.status_code < 500 or answer.status_code == 503:  # refused, not failed
-            note_refusal(request.scope, getattr(exc, "param", None) or code)
+            # A bad field is counted by its name; a thing not here by what it is.
+            field = None if isinstance(exc, NotHere) else getattr(exc, "param", None)
+            note_refusal(request.scope, field or code)
         return answer
 
 

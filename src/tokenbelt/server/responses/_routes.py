@@ -31,10 +31,10 @@ from ..core import (
     Asgi,
     EventStreamResponse,
     Fit,
+    NotHere,
     RequestPath,
     Serving,
     UnsupportedParameter,
-    error_response,
     named_sse,
     openai_shape,
     think_said_as,
@@ -302,7 +302,7 @@ async def create(
         try:
             history = memory.store.conversation(body.previous_response_id)
         except Gone as exc:
-            return _not_here(memory, exc, param="previous_response_id")
+            raise _not_here(memory, exc, param="previous_response_id") from exc
     items = _items.items_from(body.input)
     messages = _items.messages_from([*history, *items], model.name)
     if body.instructions:
@@ -361,20 +361,15 @@ async def create(
 # -- one response --------------------------------------------------------------------------
 
 
-def _not_here(memory: Responses, exc: Gone, param: str = "response_id") -> JSONResponse:
-    why = exc.why
+def _not_here(memory: Responses, exc: Gone, param: str = "response_id") -> NotHere:
+    """The 404 for a response that is not here (``response_not_found``)."""
+    text = str(exc)
     if not memory.store.enabled:
-        why = (
-            "it is not in progress, and this server keeps no responses "
-            "(start it with --responses-store SIZE to keep them)"
+        text = (
+            f"no response {exc.response_id!r}: it is not in progress, and this server keeps "
+            "no responses (start it with --responses-store SIZE to keep them)"
         )
-    return error_response(
-        404,
-        f"no response {exc.response_id!r}: {why}",
-        "invalid_request_error",
-        "response_not_found",
-        param=param,
-    )
+    return NotHere(text, code="response_not_found", param=param)
 
 
 def _visible(path: RequestPath, request_id: str) -> bool:
@@ -410,7 +405,7 @@ async def retrieve(
             return JSONResponse(running.turn.snapshot())
         return JSONResponse(_entry(memory, path, response_id).response)
     except Gone as exc:
-        return _not_here(memory, exc)
+        raise _not_here(memory, exc) from exc
 
 
 def _replay(path: RequestPath, entry: Entry, starting_after: int | None) -> Response:
@@ -454,7 +449,7 @@ async def delete(response_id: str, path: Serving, memory: Memory) -> Response:
         _entry(memory, path, response_id)
         memory.store.delete(response_id)
     except Gone as exc:
-        return _not_here(memory, exc)
+        raise _not_here(memory, exc) from exc
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -477,7 +472,7 @@ async def cancel(response_id: str, path: Serving, memory: Memory) -> Response:
     try:
         return JSONResponse(_entry(memory, path, response_id).response)
     except Gone as exc:
-        return _not_here(memory, exc)
+        raise _not_here(memory, exc) from exc
 
 
 @router.get("/v1/responses/{response_id}/input_items", summary="A stored response's input")
@@ -492,7 +487,7 @@ async def input_items(
     try:
         entry = _entry(memory, path, response_id)
     except Gone as exc:
-        return _not_here(memory, exc)
+        raise _not_here(memory, exc) from exc
     items = list(entry.items if order == "asc" else reversed(entry.items))
     if after is not None:
         ids = [item["id"] for item in items]

@@ -46,12 +46,21 @@ def size_of(value: object) -> int:
 
 
 class Gone(InvalidArgument):
-    """A response id that is not here: never stored, expired, evicted or deleted."""
+    """A response id that is not here: never stored, expired, evicted or deleted; with
+    ``asked``, the id a request named, whose conversation holds the one that is gone."""
 
-    def __init__(self, response_id: str, why: str) -> None:
-        super().__init__(f"no response {response_id!r}: {why}", param="response_id")
+    def __init__(self, response_id: str, why: str, *, asked: str | None = None) -> None:
+        if asked is None:
+            text = f"no response {response_id!r}: {why}"
+        else:
+            text = (
+                f"response {asked!r} cannot be continued: an earlier response of its "
+                f"conversation, {response_id!r}, is gone ({why})"
+            )
+        super().__init__(text, param="response_id")
         self.response_id = response_id
         self.why = why
+        self.asked = asked
 
 
 @dataclass
@@ -186,10 +195,7 @@ class Store:
             except Gone as exc:
                 if rid == response_id:
                     raise
-                raise Gone(
-                    response_id,
-                    f"an earlier response of its conversation, {rid}, is gone ({exc.why})",
-                ) from exc
+                raise Gone(rid, exc.why, asked=response_id) from exc
             if entry.running:
                 raise InvalidArgument(
                     f"response {rid!r} is still in progress", param="previous_response_id"
