@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tokenbelt import InvalidArgument
+from tokenbelt import DownloadError, InvalidArgument
 from tokenbelt.models import DEFAULT_ALIAS, Catalog, Home, ModelCache
 from tokenbelt.models._download import partial_path
-from tokenbelt.models._hub import default_alias, parse_hf_uri, quantization_from_name
+from tokenbelt.models._hub import default_alias, hub_uri, parse_hf_uri, quantization_from_name
 
 from .fileserver import FileServer, Served
 
@@ -57,12 +57,12 @@ def publish(
 
 
 def pull(
-    home: Home, server: FileServer, tmp_path: Path, *args: str
+    home: Home, server: FileServer | str, tmp_path: Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
     env = dict(
-        os.environ,
+        {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
         TOKENBELT_HOME=str(home.data_dir),
-        HF_ENDPOINT=server.url(""),
+        HF_ENDPOINT=server if isinstance(server, str) else server.url(""),
         HF_HOME=str(tmp_path / "hf-home"),
         HF_HUB_DISABLE_TELEMETRY="1",
     )
@@ -204,3 +204,22 @@ def test_listing_shows_the_pulled_model(server: FileServer, home: Home, tmp_path
     rows = {r["alias"]: r for r in json.loads(listed.stdout)["models"]}
     assert rows["tiny"]["state"] == "verified"
     assert rows["tiny"]["quantization"] == "Q8_0"
+
+
+def test_a_hub_whose_name_does_not_resolve_is_one_line_at_once(home: Home, tmp_path: Path) -> None:
+    # huggingface_hub alone retries a connection error five times (~23 s) first.
+    done = pull(home, "http://hub.invalid", tmp_path, URI)
+    assert done.returncode != 0
+    line = one_error_line(done.stderr)
+    assert "the Hub at http://hub.invalid cannot be reached: hub.invalid does not resolve" in line
+    assert "Retrying" not in done.stderr
+
+
+def test_listing_a_repository_on_a_hub_that_does_not_resolve_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    with pytest.raises(DownloadError, match=r"hub\.invalid does not resolve"):
+        hub_uri("hf.co/org/tiny-GGUF:Q8_0")  # Ollama's pull names a repository

@@ -15,7 +15,9 @@ import inspect
 import logging
 import os
 import shutil
+import socket
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,34 @@ def one_line_per_hub_record() -> None:
     for handler in list(hub.handlers):
         if type(handler) is logging.StreamHandler:
             hub.removeHandler(handler)
+
+
+#: a proxy reaches the Hub's host for us: its name need not resolve here
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def check_resolves(url: str | None = None) -> None:
+    """``DownloadError`` at once when the Hub's host name does not resolve (offline):
+    huggingface_hub retries a connection error five times, about 23 s, before it gives
+    up. Not checked with ``HF_HUB_OFFLINE`` (the library answers from its cache at
+    once) or through a proxy."""
+    from huggingface_hub import constants
+
+    url = url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(v) for v in _PROXIES):
+        return
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise DownloadError(
+            f"the Hub at {url} cannot be reached: {parts.hostname} does not resolve "
+            f"({getattr(exc, 'strerror', None) or exc}); offline, models already in the "
+            "Hugging Face cache still load (HF_HUB_OFFLINE=1 skips the network)"
+        ) from None
 
 
 class _HubCancelled(Exception):
@@ -112,6 +142,7 @@ def fetch(
     )
 
     if cached_path(src) is None:  # (which also keeps the hub's records to one line)
+        check_resolves()
         cache_dir = Path(constants.HF_HUB_CACHE)
         probe = cache_dir if cache_dir.exists() else cache_dir.parent
         with contextlib.suppress(OSError):

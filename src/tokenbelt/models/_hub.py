@@ -19,7 +19,7 @@ from .._errors import DownloadError, InvalidArgument, ModelError
 from ._cache import ModelCache
 from ._catalog import ModelEntry, Variant
 from ._download import DownloadTimeouts, ProgressCallback, WaitCallback
-from ._hf import one_line_per_hub_record
+from ._hf import check_resolves, one_line_per_hub_record
 from ._home import Home
 from ._registry import check_alias, check_free, read_gguf_info, register
 from ._sources import UrlSource
@@ -118,7 +118,7 @@ def _repo_files(repo: str, revision: str) -> list[str]:
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
     one_line_per_hub_record()
-
+    check_resolves(endpoint())
     try:
         return list(HfApi(endpoint=endpoint()).list_repo_files(repo, revision=revision))
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
@@ -166,6 +166,7 @@ def hub_file(repo: str, file: str, revision: str = "main") -> HubFile:
 
     described = f"{HF_SCHEME}{repo}/{file}@{revision}"
     url = hf_hub_url(repo, file, revision=revision, endpoint=endpoint())
+    check_resolves(endpoint())
     try:
         meta = get_hf_file_metadata(url)
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
