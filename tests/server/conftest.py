@@ -301,6 +301,13 @@ def module_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield home
 
 
+@pytest.fixture
+def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """This test's view of its module's server: the module's ``shared`` fixture (a
+    ``shared_server``). A module that starts a server per test defines its own."""
+    yield from shared.view(request)
+
+
 @contextlib.contextmanager
 def shared_server(
     make_runtime: Callable[[], Runtime], settings: ServerSettings | None = None, **kwargs: Any

@@ -46,11 +46,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
 
 
 @pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
-@pytest.fixture
 def client(served: Served) -> Iterator[anthropic.Anthropic]:
     with anthropic.Anthropic(
         base_url=served.url, api_key="unused", timeout=NET, max_retries=0

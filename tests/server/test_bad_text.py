@@ -60,11 +60,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
         yield server
 
 
-@pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
 def _post(served: Served, path: str, body: bytes) -> httpx.Response:
     headers = {"content-type": "application/json"}
     return plainhttp.post(f"{served.url}{path}", content=body, headers=headers, timeout=NET)

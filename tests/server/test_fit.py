@@ -46,11 +46,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
         yield server
 
 
-@pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
 def room(max_tokens: int, window: int) -> int:
     return reply_room(GenerationRequest(prompt="x", sampling=SamplingParams(max_tokens)), window)
 

@@ -42,11 +42,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
         yield server
 
 
-@pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
 def chat_model(served: Served) -> object:
     return langchain_openai.ChatOpenAI(
         base_url=f"{served.url}/v1",

@@ -42,11 +42,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
         yield server
 
 
-@pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
 @contextlib.contextmanager
 def connect(url: str, timeout: float | httpx.Timeout = NET) -> Iterator[ollama.Client]:
     """An ``ollama.Client`` whose connections close at the end of the block.

@@ -106,11 +106,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
         yield server
 
 
-@pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
 def _past(name: str) -> list[float]:
     limits = RANGES[name]
     step = 1 if limits.integer else 0.5

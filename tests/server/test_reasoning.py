@@ -61,11 +61,6 @@ def bounded(module_home: Path, thinking_model: Path) -> Iterator[SharedServer]:
 
 
 @pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
-@pytest.fixture
 def bounded_served(bounded: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
     yield from bounded.view(request)
 

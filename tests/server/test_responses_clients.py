@@ -49,11 +49,6 @@ def shared(module_home: Path) -> Iterator[SharedServer]:
 
 
 @pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
-@pytest.fixture
 def client(served: Served) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", timeout=NET) as c:
         yield c

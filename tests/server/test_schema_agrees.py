@@ -55,11 +55,6 @@ def shared() -> Iterator[SharedServer]:
         yield server
 
 
-@pytest.fixture
-def served(shared: SharedServer, request: pytest.FixtureRequest) -> Iterator[Served]:
-    yield from shared.view(request)
-
-
 def _valid_per_document(document: dict[str, Any], path: str, body: dict[str, Any]) -> bool:
     content = document["paths"][path]["post"]["requestBody"]["content"]
     schema = {**content["application/json"]["schema"], "components": document["components"]}
