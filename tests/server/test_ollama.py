@@ -241,6 +241,28 @@ def test_embed_gives_unit_vectors_one_per_input(client: ollama.Client, served: S
     assert "Matryoshka" in str(refused.value.error)
 
 
+#: what langchain-ollama's OllamaEmbeddings sends on every call: each option, unset
+UNSET_OPTIONS = dict.fromkeys(
+    ["mirostat", "mirostat_eta", "num_ctx", "num_gpu", "num_thread", "stop", "temperature"]
+)
+
+
+def test_embed_takes_unset_options_and_an_empty_input_loads(served: Served) -> None:
+    url = f"{served.url}/api/embed"
+    body = {"model": name(served), "input": ["sea"], "options": UNSET_OPTIONS}
+    answer = plainhttp.post(url, json=body, timeout=NET)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["embeddings"]) == 1
+    refused = plainhttp.post(url, json={**body, "options": {"temperature": 0.5}}, timeout=NET)
+    assert refused.status_code == 400
+    assert "options.temperature" in refused.json()["error"]
+    for empty in ("", []):  # Ollama's way to load a model for embeddings
+        loaded = plainhttp.post(url, json={"model": name(served), "input": empty}, timeout=NET)
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["embeddings"] == []
+    assert len(served.recorder.enqueued()) == 1  # only the one with an input
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [

@@ -2,7 +2,8 @@
 
 Both take the request path every generation takes (queue, deadlines, stop, trace).
 ``/api/embed`` answers ``embeddings`` (unit-length vectors, one per input) with
-Ollama's counters; ``/api/embeddings`` answers one ``embedding``, not normalised, as
+Ollama's counters (an empty ``input`` loads the model and answers none, as Ollama
+does); ``/api/embeddings`` answers one ``embedding``, not normalised, as
 Ollama's legacy route does. ``truncate`` is Ollama's (true by default); with it false,
 an input longer than the model embeds is a 400 naming it. ``keep_alive`` applies as
 on ``/api/chat``.
@@ -14,7 +15,7 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from ..._errors import InvalidArgument
 from ...runtime import Embeddings
@@ -61,6 +62,11 @@ async def embed(body: EmbedRequest, path: Serving) -> Response:
     check_dimensions(model, body.dimensions)
     seconds = body.keep_alive_seconds()
     inputs = body.inputs()
+    if not inputs:  # a preload: the model is loaded, nothing is embedded
+        await _keep_alive(model, seconds)
+        await anyio.to_thread.run_sync(model.ensure_loaded)
+        empty = {"model": model.name, "embeddings": [], "total_duration": 0}
+        return JSONResponse({**empty, "load_duration": 0, "prompt_eval_count": 0})
 
     def make(**queue: Any) -> Any:
         return model.embeddings(inputs, truncate=body.truncate, **queue)

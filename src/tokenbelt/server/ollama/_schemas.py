@@ -331,7 +331,9 @@ class _Embedding(BaseModel):
     model: str = Field("", max_length=200)
     keep_alive: float | str | None = None
     options: dict[str, Any] | None = Field(
-        None, description="accepted when empty: embeddings take no sampling options"
+        None,
+        description="accepted when every value is null (unset), as langchain-ollama sends "
+        "them: embeddings take no sampling options",
     )
     tokenbelt: TokenbeltOptions | None = None
 
@@ -339,9 +341,10 @@ class _Embedding(BaseModel):
         return parse_keep_alive(self.keep_alive)
 
     def check_supported(self) -> None:
-        if self.options:
+        given = sorted(k for k, v in (self.options or {}).items() if v is not None)
+        if given:
             raise UnsupportedParameter(
-                "options", f"embeddings take no options (got {', '.join(sorted(self.options))})"
+                f"options.{given[0]}", f"embeddings take no options (got {', '.join(given)})"
             )
 
 
@@ -355,6 +358,10 @@ class EmbedRequest(_Embedding):
     dimensions: int | None = None
 
     def inputs(self) -> list[Any]:
+        """The texts to embed: none for ``""`` or ``[]`` (Ollama loads the model and
+        answers no embeddings, the way clients preload one)."""
+        if self.input in ("", []):
+            return []
         return [self.input] if isinstance(self.input, str) else self.input
 
 
