@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cohere
 import httpx
 import numpy as np
 import openai
@@ -135,7 +136,7 @@ def test_truncate_cuts_an_input_that_is_too_long(served: Served) -> None:
     assert r.json()["usage"]["prompt_tokens"] == 128
 
 
-@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank"])
 def test_rerank_on_a_model_that_is_no_reranker_is_a_400(served: Served, path: str) -> None:
     body = {"model": served.model().name, "query": "sea", "documents": ["the sea", "a cat"]}
     r = post(served, path, body)
@@ -198,6 +199,21 @@ def test_a_reranker_answers_both_rerank_routes_best_first_as_the_sdk_does(
     error = r.json()["error"]
     assert error["param"] == "model"
     assert "this model is a reranker (pooling rank)" in error["message"]
+    # Cohere's own SDKs: v2 posts /v2/rerank, v1 /v1/rerank; the same order either way.
+    with httpx.Client(timeout=NET) as http:
+        v2 = cohere.ClientV2(api_key="x", base_url=served.url, httpx_client=http)
+        ranked = v2.rerank(model=model.name, query=query, documents=documents, top_n=3)
+        assert [x.index for x in ranked.results] == [x.index for x in sdk.results[:3]]
+        assert [x.relevance_score for x in ranked.results] == pytest.approx(scores[:3], rel=1e-6)
+        window = model.context_length
+        long = [*documents, "the sea " * 400]  # past the model's window: cut, as Cohere does
+        cut = v2.rerank(model=model.name, query=query, documents=long, max_tokens_per_doc=window)
+        assert len(cut.results) == 5
+        with pytest.raises(cohere.BadRequestError, match="max_tokens_per_doc"):
+            v2.rerank(model=model.name, query=query, documents=documents, max_tokens_per_doc=8)
+        v1 = cohere.Client(api_key="x", base_url=served.url, httpx_client=http)
+        old = v1.rerank(model=model.name, query=query, documents=documents, top_n=1)
+        assert old.results[0].index == sdk.results[0].index
 
 
 def test_a_total_deadline_is_a_504_total_timeout(served: Served) -> None:

@@ -461,6 +461,7 @@ def test_top_logprobs_says_where_log_probabilities_are(stateless: Served) -> Non
         ("POST", "/v1/messages/batches", 501),
         ("POST", "/api/create", 501),
         ("POST", "/api/copy", 501),
+        ("POST", "/v2/embed", 501),
         ("GET", "/v1/nothing-here", 404),
     ],
 )

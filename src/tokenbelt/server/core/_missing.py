@@ -32,11 +32,13 @@ KNOWN: dict[str, str] = {
     "/api/copy": "Ollama model copies (a catalog alias names a model)",
     "/api/push": "Ollama model pushes",
     "/api/blobs/": "Ollama blobs",
+    "/v2/embed": "Cohere v2 embeddings (the OpenAI shape is /v1/embeddings)",
+    "/v2/chat": "Cohere v2 chat (the OpenAI shape is /v1/chat/completions)",
 }
 
 SERVED = (
     "it serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, "
-    "/v1/embeddings, /v1/rerank, /v1/messages, /api/chat, /api/generate, /api/embed, "
+    "/v1/embeddings, /v1/rerank, /v2/rerank, /v1/messages, /api/chat, /api/generate, /api/embed, "
     "/api/tags, /api/show, /api/ps, /api/pull, /api/delete, /api/version and tokenbelt's "
     "own routes (see /docs)"
 )

@@ -22,6 +22,7 @@ from ...runtime import Embeddings
 from ..core import (
     Serving,
     TokenbeltOptions,
+    UnsupportedParameter,
     answer_embedding,
     check_dimensions,
     encode_vector,
@@ -80,7 +81,25 @@ class RerankRequest(BaseModel):
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = True
     truncate: bool = Field(False, description="tokenbelt: cut a pair longer than the model takes")
+    max_tokens_per_doc: int | None = Field(
+        None,
+        ge=1,
+        description="Cohere's: cut long documents; at least the model's window (then a pair "
+        "longer than the model takes is cut, as with truncate)",
+    )
     tokenbelt: TokenbeltOptions | None = None
+
+    def cuts(self, window: int) -> bool:
+        """Whether a pair longer than the model takes is cut (``truncate``, or Cohere's
+        ``max_tokens_per_doc``); ``UnsupportedParameter`` for a count below ``window``."""
+        most = self.max_tokens_per_doc
+        if most is not None and most < window:
+            raise UnsupportedParameter(
+                "max_tokens_per_doc",
+                f"tokenbelt cuts a query and document pair at the model's window ({window} "
+                f"tokens), not a document at {most}: send {window} or more, or shorter documents",
+            )
+        return self.truncate or most is not None
 
     def texts(self) -> Any:
         docs = self.documents
@@ -124,13 +143,15 @@ async def embeddings(body: EmbeddingRequest, path: Serving) -> Response:
 
 
 @router.post("/v1/rerank", summary="Rerank documents against a query (Jina and Cohere shape)")
+@router.post("/v2/rerank", summary="Rerank documents against a query (Cohere v2's path)")
 @router.post("/rerank", summary="Rerank documents against a query (alias of /v1/rerank)")
 async def rerank(body: RerankRequest, path: Serving) -> Response:
     model = path.state.model_for(body.model)
     documents = body.texts()
+    truncate = body.cuts(model.context_length)
 
     def make(**queue: Any) -> Any:
-        return model.reranking(body.query, documents, truncate=body.truncate, **queue)
+        return model.reranking(body.query, documents, truncate=truncate, **queue)
 
     stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
 
