@@ -54,6 +54,13 @@ def refusals(served: Served) -> dict[tuple[str, str, str], float]:
         ("POST", "/v1/nowhere", {}, AUTH, ("unmatched", "404", "route_not_found")),
         ("GET", CHAT, None, AUTH, (CHAT, "405", "method_not_allowed")),
         (
+            "POST",
+            "/api/embed",
+            {"model": "scripted", "input": "x", "options": {"temperature": 1}},
+            AUTH,
+            ("/api/embed", "400", "options.temperature"),
+        ),
+        (
             "GET",
             "/v1/responses/resp_nope",
             None,

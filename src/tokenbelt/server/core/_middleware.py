@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import HTTPException
-from starlette.routing import Match
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...belt import new_request_id
@@ -339,10 +339,16 @@ class RefusalMiddleware:
         self.routes = routes
 
     def _route(self, scope: Scope) -> str:
-        for route in _flat(self.routes()):
-            match, _child = route.matches(scope)
-            if match is not Match.NONE:
-                return str(getattr(route, "path", "unmatched"))
+        """The path template of the route the router chose (``scope["route"]``), else of
+        the first whose template matches the path (a refusal before routing)."""
+        chosen = scope.get("route")
+        path = str(scope.get("path", ""))
+        for template, route in _templates(self.routes()):
+            if route is chosen:
+                return template
+        for template, _ in _templates(self.routes()):
+            if compile_path(template)[0].match(path):
+                return template
         return "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -398,12 +404,14 @@ def _message(body: bytes) -> str:
         return error_message(body.decode("utf-8", "replace"))
 
 
-def _flat(routes: list[Any]) -> Iterator[Any]:
-    """Every route, the routes of included routers among them (FastAPI keeps an included
-    router whole, as one route; tokenbelt includes its routers without a prefix)."""
+def _templates(routes: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every route with its whole path template, the routes of included routers among
+    them: FastAPI keeps an included router whole, as one route, and a router included
+    in a router with a prefix (Ollama's ``/api``) keeps its routes' own paths."""
     for route in routes:
         inner = getattr(route, "original_router", None)
         if inner is not None:
-            yield from _flat(list(inner.routes))
-        else:
-            yield route
+            context = getattr(route, "include_context", None)
+            yield from _templates(list(inner.routes), prefix + getattr(context, "prefix", ""))
+        elif isinstance(getattr(route, "path", None), str):
+            yield prefix + route.path, route
