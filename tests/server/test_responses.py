@@ -442,6 +442,17 @@ def test_a_file_that_is_not_text_is_a_400_saying_why(
     assert stateless.recorder.enqueued() == []
 
 
+def test_a_verbosity_level_says_what_bounds_a_reply_instead(stateless: Served) -> None:
+    r = _post(stateless, {"model": "scripted", "input": "hi", "text": {"verbosity": "low"}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "text.verbosity"
+    assert "no verbosity levels" in error["message"]
+    assert "max_output_tokens" in error["message"]
+    medium = {"model": "scripted", "input": "hi", "text": {"verbosity": "medium"}}
+    assert _post(stateless, medium).is_success
+
+
 def test_top_logprobs_says_where_log_probabilities_are(stateless: Served) -> None:
     r = _post(stateless, {"model": "scripted", "input": "hi", "top_logprobs": 2})
     assert r.status_code == 400, r.text

@@ -147,9 +147,19 @@ class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = Field(
+    verbosity: str | None = Field(
         None, description="only medium: the model's length is set by max_output_tokens"
     )
+
+    @field_validator("verbosity")
+    @classmethod
+    def _medium(cls, value: str | None) -> str | None:
+        if value not in (None, "medium"):
+            raise ValueError(
+                f"got {value!r}: tokenbelt has no verbosity levels (only 'medium' is taken); "
+                "bound a reply's length with max_output_tokens"
+            )
+        return value
 
 
 class Reasoning(BaseModel):
