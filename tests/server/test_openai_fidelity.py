@@ -5,6 +5,7 @@ message shapes, the sampling parameters, log-probabilities, several choices, ech
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -137,6 +138,40 @@ def test_an_image_part_is_a_400_naming_the_missing_vision(client: openai.OpenAI)
         )
     assert caught.value.param == "messages.0.content.1"
     assert "has no vision" in caught.value.message
+
+
+def _file_part(data: bytes, media: str, name: str) -> dict[str, object]:
+    encoded = base64.b64encode(data).decode()
+    return {
+        "type": "file",
+        "file": {"filename": name, "file_data": f"data:{media};base64,{encoded}"},
+    }
+
+
+def test_a_text_file_part_is_read_as_its_text(client: openai.OpenAI) -> None:
+    ask = {"type": "text", "text": "Summarize it."}
+    parts = [ask, _file_part(b"milk, eggs\nbread", "text/plain", "notes.txt")]
+    sent = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=1,  # type: ignore[misc,list-item]
+    )
+    said = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Summarize it.\nnotes.txt:\nmilk, eggs\nbread"}],
+        max_tokens=1,
+    )
+    assert sent.usage is not None
+    assert said.usage is not None
+    assert sent.usage.prompt_tokens == said.usage.prompt_tokens
+    pdf = _file_part(b"%PDF-1.4", "application/pdf", "a.pdf")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": [ask, pdf]}],  # type: ignore[misc,list-item]
+        )
+    assert caught.value.param == "messages.0.content.1.file.file_data"
+    assert "extract a PDF's or a document's text first" in caught.value.message
 
 
 # -- every parameter works or is a 400 --------------------------------------------------------

@@ -39,6 +39,7 @@ from ._errors import (
     response_for,
     think_said_as,
 )
+from ._files import file_text
 from ._fit import Fit
 from ._h11 import WRITE_PIECE_BYTES, http_protocol, in_pieces
 from ._middleware import (
@@ -108,6 +109,7 @@ __all__ = [
     "error_body",
     "error_response",
     "failure",
+    "file_text",
     "http_protocol",
     "in_pieces",
     "install",

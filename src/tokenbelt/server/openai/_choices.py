@@ -11,7 +11,7 @@ from typing import Any
 from ..._errors import InvalidArgument
 from ...engines import TokenLogprob
 from ...runtime import Stream, structured
-from ..core import UnsupportedParameter
+from ..core import UnsupportedParameter, file_text
 from ._schemas import AssistantMessage, Message, ToolMessage
 
 #: content part types that hold an image (answered with a 400 naming the missing vision)
@@ -22,7 +22,8 @@ def messages_for(messages: Sequence[Message], model: str) -> list[dict[str, Any]
     """Chat messages as plain dicts for the tool planner (``_tools.plan``).
 
     ``developer`` becomes ``system``; a list of text parts is joined with newlines (as
-    vLLM does); an image part is a 400 that says the model has no vision; ``null``
+    vLLM does); a ``file`` part of text given inline is read as text (``file_text``); an
+    image part is a 400 that says the model has no vision; ``null``
     content (allowed only for an ``assistant`` turn that made tool calls) is empty text.
     An assistant's ``tool_calls`` and a tool result's ``tool_call_id`` stay on the dict.
     """
@@ -38,6 +39,12 @@ def messages_for(messages: Sequence[Message], model: str) -> list[dict[str, Any]
             texts = []
             for j, part in enumerate(content):
                 where = f"messages.{i}.content.{j}"
+                if part.type == "file":  # a text file given inline: read as text
+                    given = (part.model_extra or {}).get("file")
+                    if not isinstance(given, dict):
+                        raise UnsupportedParameter(f"{where}.file", "an object with file_data")
+                    texts.append(file_text(given, f"{where}.file", model))
+                    continue
                 if part.type in _IMAGE_PARTS:
                     raise UnsupportedParameter(
                         where, f"{model} has no vision: it reads text only, so it cannot see images"

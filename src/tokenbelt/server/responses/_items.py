@@ -9,9 +9,6 @@ lists and a stored conversation replays.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import mimetypes
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +17,7 @@ from pydantic import BaseModel
 
 from ..._errors import InvalidArgument
 from ...runtime import structured
-from ..core import UnsupportedParameter
+from ..core import UnsupportedParameter, file_text
 from ._schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -31,11 +28,6 @@ from ._schemas import (
 
 #: content part types that hold an image or sound (a 400 naming the missing vision)
 _MEDIA_PARTS = frozenset({"input_image", "input_audio", "image_url"})
-#: media types of an ``input_file`` read as text, besides ``text/*``
-_TEXT_FILES = frozenset(
-    {"application/json", "application/xml", "application/yaml", "application/x-yaml",
-     "application/javascript", "application/x-sh", "application/toml"}
-)  # fmt: skip
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
@@ -56,7 +48,8 @@ def _text(content: str | list[dict[str, Any]], where: str, model: str) -> str:
                 here, f"{model} has no vision: it reads text only, so it cannot see {kind}"
             )
         if kind == "input_file":
-            texts.append(_file_text(part, here, model))
+            fields = {k: v for k, v in part.items() if k != "type"}
+            texts.append(file_text(fields, here, model))
             continue
         if kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
@@ -67,37 +60,6 @@ def _text(content: str | list[dict[str, Any]], where: str, model: str) -> str:
             )
         texts.append(part["text"])
     return "\n".join(texts)
-
-
-def _file_text(part: dict[str, Any], where: str, model: str) -> str:
-    """An ``input_file`` given inline (``file_data``, a base64 ``data:`` URL) whose media
-    type is text: its name, then its text. Another type (a PDF), or a file by
-    ``file_id`` or ``file_url`` (no Files API here, and nothing is fetched), is a 400."""
-    extra = sorted(part.keys() - {"type", "file_data", "filename"})
-    if extra:
-        raise UnsupportedParameter(
-            f"{where}.{extra[0]}",
-            "tokenbelt reads a file given inline as file_data (a base64 data: URL); it has "
-            "no Files API and fetches nothing",
-        )
-    data, name = part.get("file_data"), part.get("filename")
-    if not isinstance(data, str) or not data.startswith("data:") or ";base64," not in data:
-        raise UnsupportedParameter(f"{where}.file_data", "a base64 data: URL")
-    head, _, body = data[len("data:") :].partition(";base64,")
-    kind = head.split(";", 1)[0].strip().lower()
-    if not kind and isinstance(name, str):
-        kind = mimetypes.guess_type(name)[0] or ""
-    if not (kind.startswith("text/") or kind in _TEXT_FILES):
-        raise UnsupportedParameter(
-            f"{where}.file_data",
-            f"a file of type {kind or 'unknown'!r}: {model} reads text files (text/*, JSON, "
-            "XML, YAML) only; extract a PDF's or a document's text first",
-        )
-    try:
-        text = base64.b64decode(body, validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError) as exc:
-        raise UnsupportedParameter(f"{where}.file_data", f"not base64 UTF-8 text: {exc}") from exc
-    return f"{name}:\n{text}" if isinstance(name, str) and name else text
 
 
 def items_from(given: str | Sequence[Item]) -> list[dict[str, Any]]:
