@@ -240,3 +240,31 @@ def test_an_engine_that_counts_no_tokens_refuses_truncation_it_cannot_do(
             served.url + "/api/chat", json={**chat, "options": options}, timeout=NET
         )
         assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_chat_that_fits_is_tokenized_once(isolation: str) -> None:
+    """Fitting counts the chat's tokens; the engine keeps them for its submit."""
+    from tokenbelt.server.core._fit import Fit, fit_messages
+
+    runtime = real_runtime(n_ctx=N_CTX, slots=1, isolation=isolation)
+    try:
+        model = runtime.models[next(iter(runtime.models))]
+        engine = model.engines[0]
+        made: list[int] = []
+        tokenize = engine.tokenize_request
+
+        def counted(request: GenerationRequest) -> list[int]:
+            made.append(1)
+            return tokenize(request)
+
+        engine.tokenize_request = counted  # type: ignore[method-assign]
+        request = GenerationRequest.chat(conversation(2), SamplingParams(max_tokens=2))
+        fitted, dropped = fit_messages(model, request, Fit(N_CTX))
+        assert (fitted, dropped) == (request, 0)
+        reply = model.submit(fitted)
+        reply.read()
+        assert reply.trace.end_reason in (EndReason.STOP, EndReason.LENGTH)
+        assert len(made) == 1
+    finally:
+        runtime.close()

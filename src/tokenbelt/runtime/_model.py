@@ -525,13 +525,22 @@ class Model(ChatCalls, EmbeddingCalls):
             )
         return tokens
 
-    def prompt_token_ids_here(self, request: GenerationRequest) -> list[int] | None:
+    def prompt_token_ids_here(
+        self, request: GenerationRequest, *, keep: bool = False
+    ) -> list[int] | None:
         """As ``prompt_token_ids``, or None where the engine has no vocabulary here (a
-        remote engine: its upstream tokenizes)."""
+        remote engine: its upstream tokenizes). With ``keep``, the engine keeps them for
+        ``request``: submitted next, it is not tokenized again."""
 
         def token_ids(engine: Engine) -> list[int] | None:
             tokenize = getattr(engine, "tokenize_request", None)
-            return None if tokenize is None else list(tokenize(request))
+            if tokenize is None:
+                return None
+            tokens = list(tokenize(request))
+            remember = getattr(engine, "remember_prompt_tokens", None)
+            if keep and remember is not None:
+                remember(request, tokens)
+            return tokens
 
         return self._on_engine(token_ids)
 

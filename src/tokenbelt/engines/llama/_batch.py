@@ -195,6 +195,12 @@ class KeptPrompts:
             kept = self._kept.pop(id(request), None)
         return kept[1] if kept is not None and kept[0] is request else None
 
+    def peek(self, request: GenerationRequest) -> list[int] | None:
+        """The tokens kept for ``request`` (still kept), or None."""
+        with self._lock:
+            kept = self._kept.get(id(request))
+        return kept[1] if kept is not None and kept[0] is request else None
+
 
 def _moving(average: float | None, sample: float) -> float:
     """A step timing's moving average: the first sample, then a fifth of each new one."""
@@ -695,9 +701,16 @@ class BatchEngine:
         if isinstance(request, EmbeddingRequest):
             return check_inputs(request, self._embedder.info)
         check_request(self._lib, self._vocab, self._n_vocab, request, self.name, self.reasoning)
-        tokens = self.tokenize_request(request)
+        tokens = self._tokenized.peek(request)  # counted before (fitting a chat to a window)
+        if tokens is None:
+            tokens = self.tokenize_request(request)
         self.keep_prompt_tokens(request, tokens)
         return len(tokens)
+
+    def remember_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Keep ``tokens``, just made by ``tokenize_request``, for ``request``'s count and
+        admission (a chat fitted to its window is not tokenized again)."""
+        self._tokenized.keep(request, tokens)
 
     def keep_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
         """Use ``tokens``, made elsewhere (a worker's parent process, with the same

@@ -182,10 +182,17 @@ class WorkerEngine:
         if isinstance(request, EmbeddingRequest):
             return check_inputs(request, self.embedding_info())
         self._prompts.check(request)
-        tokens = self.tokenize_request(request)
+        tokens = self._prompts.peek(request)  # counted before (fitting a chat to a window)
+        if tokens is None:
+            tokens = self.tokenize_request(request)
         check_fits(len(tokens), self.context_length)
         self._prompts.keep(request, tokens)
         return len(tokens)
+
+    def remember_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Keep ``tokens``, just made by ``tokenize_request``, for ``request``'s count and
+        start (a chat fitted to its window is not tokenized again)."""
+        self._prompts.keep(request, tokens)
 
     def embedding_info(self) -> EmbeddingInfo:
         """The model's embeddings as the worker's engine makes them (from the metadata)."""

@@ -67,6 +67,10 @@ class PromptTokens:
         """The tokens ``count`` kept for ``request`` (forgotten here), or None."""
         return self._kept.take(request)
 
+    def peek(self, request: GenerationRequest) -> list[int] | None:
+        """The tokens kept for ``request`` (still kept), or None."""
+        return self._kept.peek(request)
+
     def embedding_info(self, pooling: str | None, context_length: int) -> EmbeddingInfo:
         """The model's embedding size and pooling, from its metadata (no weights)."""
         return embedding_info(self._vocab, pooling, context_length)

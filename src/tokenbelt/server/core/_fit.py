@@ -141,7 +141,7 @@ def _counter(
     def count(r: GenerationRequest) -> int:
         return len(model.prompt_token_ids(r))
 
-    whole = model.prompt_token_ids_here(request)
+    whole = model.prompt_token_ids_here(request, keep=True)  # submitted as it is, mostly
     return None if whole is None else (count, len(whole))
 
 
