@@ -305,8 +305,10 @@ def test_tool_choice_any_gives_a_tool_use_block(
     assert block.id.startswith("toolu_")
     jsonschema.validate(block.input, WEATHER["input_schema"])
 
+    # As the AI SDK's Anthropic provider streams a tool: eager_input_streaming on it.
+    eager = {**WEATHER, "eager_input_streaming": True, "strict": True}
     with client.messages.stream(
-        model=name(served), max_tokens=64, messages=ASK, tools=[WEATHER], tool_choice=ANY
+        model=name(served), max_tokens=64, messages=ASK, tools=[eager], tool_choice=ANY
     ) as stream:
         events = list(stream)
         final = stream.get_final_message()
@@ -323,6 +325,10 @@ def test_tool_choice_any_gives_a_tool_use_block(
     assert json.loads("".join(partial)) == used.input
     jsonschema.validate(used.input, WEATHER["input_schema"])
     assert final.stop_reason == "tool_use"
+    with pytest.raises(anthropic.BadRequestError, match=r"tools\[0\]\.strict"):
+        client.messages.create(
+            model=name(served), max_tokens=8, messages=ASK, tools=[{**WEATHER, "strict": "yes"}]
+        )
 
 
 PERSON_TOOL = {
@@ -413,6 +419,18 @@ def test_a_tool_result_that_answers_no_tool_use_is_a_400(
         assert "tool_use_id 'toolu_1', which no tool_use block" in caught.value.message
         assert f"messages[{len(messages) - 1}]" in caught.value.message
     assert not served.recorder.enqueued()
+
+
+def test_the_anthropic_sdk_lists_and_retrieves_models(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == [name(served)]
+    (model,) = listed.data
+    assert (model.type, model.display_name) == ("model", name(served))
+    assert model.created_at.year == 1970
+    assert (listed.first_id, listed.last_id, listed.has_more) == (model.id, model.id, False)
+    assert client.models.retrieve(name(served)).display_name == name(served)
 
 
 def test_count_tokens_is_the_requests_input_tokens(

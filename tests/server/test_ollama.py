@@ -541,6 +541,29 @@ def test_chat_with_tools_returns_a_parsed_call(client: ollama.Client, served: Se
     assert isinstance(line["function"]["arguments"], dict)
 
 
+def test_top_level_fields_some_clients_send_are_honoured(served: Served) -> None:
+    """ollama-ai-provider-v2 (the AI SDK's Ollama provider) sends ``temperature``,
+    ``top_p``, ``max_output_tokens`` and ``tool_choice`` at the top level; Ollama drops
+    them, tokenbelt does what they ask."""
+    url = f"{served.url}/api/chat"
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}
+    ask = {"model": name(served), "messages": [_asked("Oslo")], "stream": False, "think": False}
+    short = plainhttp.post(url, json={**ask, "temperature": 0, "max_output_tokens": 3}, timeout=NET)
+    assert short.status_code == 200, short.text
+    assert (short.json()["eval_count"], short.json()["done_reason"]) == (3, "length")
+    forced = {**ask, "tools": [tool], "max_output_tokens": 48}
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        called = plainhttp.post(url, json={**forced, "tool_choice": choice}, timeout=NET).json()
+        (call,) = called["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+    both = {**ask, "temperature": 0.5, "options": {"temperature": 0.7}}
+    refused = plainhttp.post(url, json=both, timeout=NET)
+    assert refused.status_code == 400
+    assert "temperature 0.5 and options.temperature 0.7 disagree" in refused.json()["error"]
+    same = {**ask, "max_output_tokens": 2, "options": {"num_predict": 2}}
+    assert plainhttp.post(url, json=same, timeout=NET).json()["eval_count"] == 2
+
+
 def test_a_tool_result_turn_gets_a_text_answer(client: ollama.Client, served: Served) -> None:
     messages = [
         _asked("Paris"),

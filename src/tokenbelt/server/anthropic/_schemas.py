@@ -8,7 +8,9 @@ bash, the text editor, code execution...) run on Anthropic's side, and are refus
 their type. Unknown fields are refused by name. Three fields that ask nothing of the
 model are accepted and have no effect: ``metadata`` (a caller's own labels),
 ``service_tier`` (``auto`` or ``standard_only``: there is one tier here) and
-``cache_control``, on the request, a block or a tool (a prompt-caching hint); so are
+``cache_control``, on the request, a block or a tool (a prompt-caching hint); a tool's
+``eager_input_streaming`` and ``strict`` are accepted as what every call here does
+(its input streamed as it is made, and held to ``input_schema``); so are
 ``thinking``, ``context_management`` and ``output_config`` where their value asks for
 nothing this server would do otherwise (``_options``).
 
@@ -95,6 +97,10 @@ _ROLE = {
     "thinking": ("assistant",),
 }
 _TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
+#: a tool's flags that ask for what every call here does anyway: its input is streamed
+#: as it is made (``eager_input_streaming``, which the AI SDK's Anthropic provider sets on
+#: every streamed tool) and matches ``input_schema`` (``strict``: the grammar makes it)
+_TOOL_FLAGS = {"eager_input_streaming", "strict"}
 
 
 def _get(block: dict[str, Any], key: str, kind: type, where: str, required: bool = True) -> Any:
@@ -299,9 +305,11 @@ class CountTokensRequest(BaseModel):
                     f"{kind!r} is one of Anthropic's server tools, run on Anthropic's side; "
                     "this route takes custom tools (name, description, input_schema)",
                 )
-            extra = set(tool) - _TOOL_KEYS
+            extra = set(tool) - _TOOL_KEYS - _TOOL_FLAGS
             if extra:
                 raise UnsupportedParameter(f"{where}.{sorted(extra)[0]}")
+            for flag in sorted(_TOOL_FLAGS & set(tool)):
+                _get(tool, flag, bool, where)
             function = {
                 "name": _get(tool, "name", str, where),
                 "parameters": _get(tool, "input_schema", dict, where),

@@ -261,7 +261,9 @@ async def chat(body: ChatRequest, path: Serving) -> Response:
     sampling = sampling_from(body.sampling(model.context_length))
     # Through the planner even without tools: a conversation that called tools earlier
     # keeps its calls and results in the prompt format the model was shown them in.
-    plan = plan_tools(body.turns(), body.tools or (), None, model.template_tools, model.tool_format)
+    plan = plan_tools(
+        body.turns(), body.tools or (), body.choice(), model.template_tools, model.tool_format
+    )
     request = GenerationRequest(
         messages=plan.messages,
         sampling=sampling,

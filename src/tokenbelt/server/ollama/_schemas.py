@@ -100,6 +100,32 @@ class _Generation(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = ranges.bounded("top_logprobs")
     tokenbelt: TokenbeltOptions | None = None
+    # Sent at the top level by some clients (ollama-ai-provider-v2, the AI SDK's Ollama
+    # provider): Ollama ignores them; tokenbelt honours each as the option it stands for.
+    temperature: ranges.Temperature = Field(None, description="options.temperature, here")
+    top_p: ranges.TopP = Field(None, description="options.top_p, here")
+    max_output_tokens: int | None = Field(None, ge=1, description="options.num_predict, here")
+
+    def merged_options(self) -> Options:
+        """``options`` with ``temperature``, ``top_p`` and ``max_output_tokens`` (as
+        ``num_predict``) from the top level; a value given both ways differently is an
+        ``InvalidArgument`` naming both."""
+        options = self.options or Options.model_validate({})
+        moved = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "num_predict": self.max_output_tokens,
+        }
+        moved = {k: v for k, v in moved.items() if v is not None}
+        for option, value in moved.items():
+            there = getattr(options, option)
+            if there is not None and there != value:
+                top = "max_output_tokens" if option == "num_predict" else option
+                raise InvalidArgument(
+                    f"{top} {value} and options.{option} {there} disagree: send one of them",
+                    param=top,
+                )
+        return options.model_copy(update=moved) if moved else options
 
     def grammar(self) -> Grammar | None:
         """The grammar ``format`` asks for; ``UnsupportedParameter`` if it cannot be had."""
@@ -132,7 +158,7 @@ class _Generation(BaseModel):
 
     def sampling(self, context_length: int) -> dict[str, object]:
         """The runtime's sampling keyword arguments (None = its default)."""
-        o = self.options or Options.model_validate({})
+        o = self.merged_options()
         max_tokens = o.num_predict
         if max_tokens == 0:
             raise UnsupportedParameter("options.num_predict", "0 tokens: it must be >= 1, -1 or -2")
@@ -228,6 +254,18 @@ class ChatRequest(_Generation):
 
     messages: list[ChatMessage] = Field(default_factory=list, max_length=4096)
     tools: list[dict[str, Any]] | None = Field(None, max_length=1024)
+    tool_choice: str | dict[str, Any] | None = Field(
+        None,
+        description="not Ollama's (which has none; ollama-ai-provider-v2 sends it): auto, "
+        'none, required, or {"type": "function", "name": ...}',
+    )
+
+    def choice(self) -> object:
+        """``tool_choice`` as the tool planner takes it (OpenAI's named shape)."""
+        c = self.tool_choice
+        if isinstance(c, dict) and c.get("type") == "function" and "function" not in c:
+            return {"type": "function", "function": {"name": c.get("name")}}
+        return c
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -82,11 +82,16 @@ def _sampling_for(body: _Sampling, index: int) -> SamplingParams:
 
 
 def _model_entry(name: str, **tokenbelt: Any) -> dict[str, Any]:
+    """One model, in OpenAI's shape and Anthropic's at once (the same path serves both
+    SDKs' ``models.list``; each reads its own fields)."""
     return {
         "id": name,
         "object": "model",
         "created": 0,
         "owned_by": "tokenbelt",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
         "tokenbelt": tokenbelt,
     }
 
@@ -141,7 +146,14 @@ async def list_models(path: Serving) -> dict[str, Any]:
                     info={},
                 )
             )
-    return {"object": "list", "data": data, "tokenbelt": {"not_served": not_served}}
+    ends = {"first_id": data[0]["id"], "last_id": data[-1]["id"]} if data else {}
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": False,  # Anthropic's page fields: every model is on this one page
+        **({"first_id": None, "last_id": None} | ends),
+        "tokenbelt": {"not_served": not_served},
+    }
 
 
 @router.get("/v1/models/{model_id:path}", summary="One model this server serves")
