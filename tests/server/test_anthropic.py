@@ -4,6 +4,7 @@ leaving a stream early."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
@@ -431,6 +432,40 @@ def test_the_anthropic_sdk_lists_and_retrieves_models(
     assert model.created_at.year == 1970
     assert (listed.first_id, listed.last_id, listed.has_more) == (model.id, model.id, False)
     assert client.models.retrieve(name(served)).display_name == name(served)
+
+
+def test_a_text_document_is_read_as_its_title_and_text(
+    client: anthropic.Anthropic, served: Served
+) -> None:
+    data = base64.b64encode(b"milk, eggs").decode()
+    sources = [
+        {"type": "text", "media_type": "text/plain", "data": "milk, eggs"},
+        {"type": "base64", "media_type": "text/plain", "data": data},
+    ]
+    said = [{"role": "user", "content": "notes\nmilk, eggs\n\nSummarize it."}]
+    expected = client.messages.count_tokens(model=name(served), messages=said).input_tokens  # type: ignore[arg-type]
+    for source in sources:
+        document = {"type": "document", "title": "notes", "source": source}
+        asked: Any = [
+            {"role": "user", "content": [document, {"type": "text", "text": "Summarize it."}]}
+        ]
+        counted = client.messages.count_tokens(model=name(served), messages=asked)
+        assert counted.input_tokens == expected
+    pdf = {"type": "base64", "media_type": "application/pdf", "data": data}
+    for block, says in (
+        ({"type": "document", "source": pdf}, "extract a PDF's or a document's text first"),
+        ({"type": "document", "source": {"type": "url", "url": "https://x"}}, "fetches no URL"),
+        (
+            {"type": "document", "source": sources[0], "citations": {"enabled": True}},
+            "cites no sources",
+        ),
+    ):
+        with pytest.raises(anthropic.BadRequestError, match=says):
+            client.messages.create(
+                model=name(served),
+                max_tokens=4,
+                messages=[{"role": "user", "content": [block]}],  # type: ignore[list-item]
+            )
 
 
 def test_count_tokens_is_the_requests_input_tokens(

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument
 from ...runtime import structured
-from ..core import TokenbeltOptions, UnsupportedParameter, ranges
+from ..core import TokenbeltOptions, UnsupportedParameter, file_text, ranges
 from ._options import ContextManagement, OutputConfig, Thinking
 
 #: HTTP status -> Anthropic's error type
@@ -87,6 +87,7 @@ _KEYS = {
     "tool_use": {"type", "id", "name", "input", "cache_control"},
     "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
     "thinking": {"type", "thinking", "signature", "cache_control"},
+    "document": {"type", "source", "title", "context", "citations", "cache_control"},
 }
 #: which role may send each block type (an earlier turn's ``thinking`` is taken and left
 #: out of the prompt, as thinking models' templates drop it)
@@ -95,6 +96,7 @@ _ROLE = {
     "tool_use": ("assistant",),
     "tool_result": ("user",),
     "thinking": ("assistant",),
+    "document": ("user",),
 }
 _TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
 #: a tool's flags that ask for what every call here does anyway: its input is streamed
@@ -123,7 +125,7 @@ def _check_block(block: object, where: str, role: str | None) -> str:
         can = (
             "text"
             if role is None
-            else "text, tool_use and thinking (assistant) and tool_result (user)"
+            else "text, tool_use and thinking (assistant), tool_result and document (user)"
         )
         raise UnsupportedParameter(f"{where}.type", f"content blocks of type {kind!r}; only {can}")
     if role is not None and role not in _ROLE[kind]:
@@ -147,6 +149,33 @@ def _text(content: str | list[Any], where: str) -> str:
     return "".join(parts)
 
 
+def _document(block: dict[str, Any], where: str) -> str:
+    """A ``document`` block of text (a ``text`` source, or ``base64`` of a text media
+    type) as its title, its context and its text; a PDF, a URL or citations are refused
+    by name (``core.file_text`` reads the bytes)."""
+    citations = _get(block, "citations", dict, where, required=False)
+    if citations and citations.get("enabled"):
+        raise UnsupportedParameter(f"{where}.citations", "tokenbelt cites no sources")
+    source = _get(block, "source", dict, where)
+    kind = source.get("type")
+    title = _get(block, "title", str, where, required=False) or ""
+    if kind == "text":
+        data = _get(source, "data", str, f"{where}.source")
+    elif kind == "base64":
+        media = _get(source, "media_type", str, f"{where}.source")
+        encoded = _get(source, "data", str, f"{where}.source")
+        fields = {"file_data": f"data:{media};base64,{encoded}"}
+        data = file_text(fields, f"{where}.source", "this model")
+    else:
+        raise UnsupportedParameter(
+            f"{where}.source.type",
+            f"documents of source type {kind!r}; tokenbelt reads text and base64 text "
+            "sources (it fetches no URL and has no Files API)",
+        )
+    context = _get(block, "context", str, where, required=False) or ""
+    return "\n".join(part for part in (title, context, data) if part)
+
+
 def _turns(role: str, content: str | list[Any], where: str) -> list[dict[str, Any]]:
     """One Anthropic message as OpenAI-shaped turns: an assistant turn with its
     ``tool_calls``, or user text and one ``tool`` turn per ``tool_result``."""
@@ -162,6 +191,8 @@ def _turns(role: str, content: str | list[Any], where: str) -> list[dict[str, An
             text.append(_get(block, "text", str, at))
         elif kind == "thinking":
             _get(block, "thinking", str, at)
+        elif kind == "document":
+            text.append(_document(block, at) + "\n\n")  # before what follows it
         elif kind == "tool_use":
             args = json.dumps(_get(block, "input", dict, at), ensure_ascii=False)
             function = {"name": _get(block, "name", str, at), "arguments": args}
