@@ -45,6 +45,15 @@ With the decode threads nicer than the rest of the process (``decode_nice`` 10),
 drafted, 31 accepted, then off), free 0.989 (nothing drafted), greedy text the same (587
 of 587 characters), cancel p95 30.5 ms against an 80.7 ms step of eight.
 
+Again on 2026-12-05 (quiet, same command): edit 80.3 -> 78.6 tok/s (0.979; 79 drafted, 36
+accepted, then off), free 0.985 (nothing drafted), greedy text the same for 528 of 587
+characters, cancel p95 33.6 ms against a 141 ms step of eight. Why no acceptance pays here,
+measured with bare ``llama_decode`` calls at 560 KV cells, 2 threads, logits for every row:
+2 rows cost 1.73 times one row, 4 rows 2.76, 8 rows 4.81, 16 rows 9.18 (never more than 1.75
+tokens' worth a step); the same weights requantized to Q8_0 reach 2.5 (8 rows 3.60 times),
+so a 1.5x on the Q4_1 default needs over 95% of drafted tokens accepted, and the 135M model
+keeps 66-70% (the passage above, and a code rename tried the same day).
+
 Run: ``.venv/bin/python benchmarks/draft.py [--rounds N] [--tokens N] [--cancels N] [--json]``
 """
 
