@@ -45,14 +45,19 @@ def one_line_per_hub_record() -> None:
 _PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
-def check_resolves(url: str | None = None) -> None:
+def endpoint() -> str:
+    """The Hub's address: ``HF_ENDPOINT``, read at each call, else huggingface.co."""
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+def check_resolves() -> None:
     """``DownloadError`` at once when the Hub's host name does not resolve (offline):
     huggingface_hub retries a connection error five times, about 23 s, before it gives
     up. Not checked with ``HF_HUB_OFFLINE`` (the library answers from its cache at
     once) or through a proxy."""
     from huggingface_hub import constants
 
-    url = url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    url = endpoint()
     if constants.HF_HUB_OFFLINE or any(os.environ.get(v) for v in _PROXIES):
         return
     parts = urllib.parse.urlsplit(url)

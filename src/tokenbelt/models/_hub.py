@@ -9,7 +9,6 @@ user catalog. Running the same pull again resumes an interrupted download.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from .._errors import DownloadError, InvalidArgument, ModelError
 from ._cache import ModelCache
 from ._catalog import ModelEntry, Variant
 from ._download import DownloadTimeouts, ProgressCallback, WaitCallback
-from ._hf import check_resolves, one_line_per_hub_record
+from ._hf import check_resolves, endpoint, one_line_per_hub_record
 from ._home import Home
 from ._registry import check_alias, check_free, read_gguf_info, register
 from ._sources import UrlSource
@@ -47,10 +46,6 @@ class HubFile:
     def url(self, endpoint: str) -> str:
         """The download address pinned to the commit: it never changes under the alias."""
         return f"{endpoint.rstrip('/')}/{self.repo}/resolve/{self.commit}/{self.file}"
-
-
-def endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
 
 
 def parse_hf_uri(uri: str) -> tuple[str, str]:
@@ -118,7 +113,7 @@ def _repo_files(repo: str, revision: str) -> list[str]:
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
     one_line_per_hub_record()
-    check_resolves(endpoint())
+    check_resolves()
     try:
         return list(HfApi(endpoint=endpoint()).list_repo_files(repo, revision=revision))
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
@@ -166,7 +161,7 @@ def hub_file(repo: str, file: str, revision: str = "main") -> HubFile:
 
     described = f"{HF_SCHEME}{repo}/{file}@{revision}"
     url = hf_hub_url(repo, file, revision=revision, endpoint=endpoint())
-    check_resolves(endpoint())
+    check_resolves()
     try:
         meta = get_hf_file_metadata(url)
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
