@@ -341,15 +341,13 @@ class RefusalMiddleware:
     def _route(self, scope: Scope) -> str:
         """The path template of the route the router chose (``scope["route"]``), else of
         the first whose template matches the path (a refusal before routing)."""
+        templates = list(_templates(self.routes()))
         chosen = scope.get("route")
-        path = str(scope.get("path", ""))
-        for template, route in _templates(self.routes()):
-            if route is chosen:
-                return template
-        for template, _ in _templates(self.routes()):
-            if compile_path(template)[0].match(path):
-                return template
-        return "unmatched"
+        found = next((t for t, route in templates if route is chosen), None)
+        if found is None:
+            path = str(scope.get("path", ""))
+            found = next((t for t, _ in templates if compile_path(t)[0].match(path)), None)
+        return found or "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

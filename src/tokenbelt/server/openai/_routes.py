@@ -146,12 +146,13 @@ async def list_models(path: Serving) -> dict[str, Any]:
                     info={},
                 )
             )
-    ends = {"first_id": data[0]["id"], "last_id": data[-1]["id"]} if data else {}
     return {
         "object": "list",
         "data": data,
-        "has_more": False,  # Anthropic's page fields: every model is on this one page
-        **({"first_id": None, "last_id": None} | ends),
+        # Anthropic's page fields: every model is on this one page
+        "has_more": False,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
         "tokenbelt": {"not_served": not_served},
     }
 
