@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -375,6 +376,66 @@ def test_cancel_a_background_response(stored: Served) -> None:
     kept = plainhttp.get(f"{stored.url}/v1/responses/{started['id']}", timeout=NET).json()
     assert kept["status"] == "cancelled"
     assert kept["tokenbelt"]["end_reason"] == "user_cancel"
+
+
+def _kept(served: Served, response_id: str) -> dict[str, Any]:
+    """The stored response, once the server has handled its reader's leaving (just after
+    the release: a bounded poll)."""
+    url = f"{served.url}/v1/responses/{response_id}"
+    deadline = time.monotonic() + NET
+    while True:
+        r = plainhttp.get(url, timeout=NET)
+        if r.status_code == 200 and r.json()["status"] != "in_progress":
+            body: dict[str, Any] = r.json()
+            return body
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.01)
+
+
+def _goes_on_from(served: Served, response_id: str) -> None:
+    r = _post(served, {"model": "scripted", "input": "go on", "previous_response_id": response_id})
+    assert r.status_code == 200, r.text
+    assert r.json()["previous_response_id"] == response_id
+
+
+def test_a_streamed_response_whose_reader_left_is_kept_cancelled(stored: Served) -> None:
+    """A client that closes the stream (a Stop button): the response is stored as it
+    stood, ``cancelled``, and the conversation goes on from it."""
+    with plainhttp.stream(
+        "POST",
+        f"{stored.url}/v1/responses",
+        json={"model": "endless", "input": "hi", "stream": True},
+        timeout=NET,
+    ) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "response.created":
+                response_id = event["response"]["id"]
+            if event["type"] == "response.output_text.delta":
+                break
+    stored.assert_released(stored.recorder.nth(0), EndReason.CLIENT_DISCONNECT)
+    kept = _kept(stored, response_id)
+    assert kept["status"] == "cancelled"
+    assert kept["tokenbelt"]["end_reason"] == "client_disconnect"
+    assert kept["output"][0]["status"] == "incomplete"
+    assert kept["output"][0]["content"][0]["text"].startswith(TEXT[:2])
+    _goes_on_from(stored, response_id)
+
+
+def test_a_blocking_response_whose_client_gave_up_is_kept_cancelled(stored: Served) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        plainhttp.post(
+            f"{stored.url}/v1/responses", json={"model": "endless", "input": "hi"}, timeout=0.3
+        )
+    trace = stored.recorder.nth(0)
+    stored.assert_released(trace, EndReason.CLIENT_DISCONNECT)
+    kept = _kept(stored, "resp_" + trace.request_id.removeprefix("req_"))
+    assert kept["status"] == "cancelled"
+    assert kept["output"][0]["content"][0]["text"]  # what was made before the client left
+    assert kept["usage"]["output_tokens"] == trace.completion_tokens
+    _goes_on_from(stored, kept["id"])
 
 
 # -- bad input and missing routes ------------------------------------------------------------

@@ -203,8 +203,13 @@ class EventStreamResponse:
                     group.start_soon(keep_alive, group, *self.keepalive)
                 await write(group)
         finally:
-            # Whatever ended the response, the model must not keep generating.
+            # Whatever ended the response, the model must not keep generating; and the
+            # dialect's generator ends now (its cleanup runs: a stored response is kept),
+            # not whenever the garbage collector finds it.
             self.stop()
+            close = getattr(self.events, "aclose", None)
+            if close is not None:
+                await close()
 
 
 class DeferredResponse:

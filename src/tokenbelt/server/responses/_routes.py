@@ -246,6 +246,17 @@ class _Making:
     def done(self) -> None:
         self.memory.running.pop(self.turn.id, None)
 
+    def keep_unfinished(self, rest: str = "", reasoning: str = "") -> None:
+        """A response whose reader left before its end (a disconnect, a reader timeout):
+        kept as it stood, with the stream's end reason (``cancelled``), so a conversation
+        goes on from it. ``rest``: what the stream made that was not fed (a blocking
+        response is fed once, at its end)."""
+        if self.keep is None or self.turn.finished.is_set():
+            return
+        if rest or reasoning:
+            self.feed(Piece(rest, (), reasoning))
+        self.finish(None)
+
     async def events(self) -> Any:
         """Every event of the response, the terminal one last, however it ends."""
 
@@ -262,6 +273,7 @@ class _Making:
             ):
                 yield event
         finally:
+            self.keep_unfinished()
             self.done()
 
     async def background(self) -> None:
@@ -280,6 +292,7 @@ def _cleanup_after(app: Asgi, making: _Making) -> Asgi:
         try:
             await inner(scope, receive, send)
         finally:
+            making.keep_unfinished(making.stream.text, making.stream.reasoning)
             making.done()
 
     return Asgi(run)
