@@ -308,6 +308,18 @@ def test_legacy_logprobs_and_echo(client: openai.OpenAI) -> None:
         assert logprob <= 0.0
         assert len(top) == 2
         assert max(top, key=top.__getitem__) == token
+    # Sampled: a step whose token is not among the likeliest still lists it (OpenAI's
+    # legacy logprobs hold up to logprobs + 1 entries).
+    hot = client.completions.create(
+        model=MODEL, prompt=prompt, temperature=2, seed=3, max_tokens=12, logprobs=1
+    ).choices[0]
+    assert hot.logprobs is not None
+    tops = hot.logprobs.top_logprobs or []
+    for token, logprob, top in zip(
+        hot.logprobs.tokens or [], hot.logprobs.token_logprobs or [], tops, strict=True
+    ):
+        assert top[token] == logprob
+    assert {len(top) for top in tops} == {1, 2}
 
     echoed = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=5)
     assert echoed.choices[0].text == choice.text

@@ -89,7 +89,8 @@ def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
     """The completions ``logprobs`` object; ``offset`` is where the first token's text
-    starts in the choice's text (after an echoed prompt)."""
+    starts in the choice's text (after an echoed prompt). Each step's ``top_logprobs``
+    holds the sampled token too, as OpenAI's does (so up to ``logprobs`` + 1 entries)."""
     offsets = []
     for t in entries:
         offsets.append(offset)
@@ -97,7 +98,9 @@ def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[str, A
     return {
         "tokens": [t.token for t in entries],
         "token_logprobs": [t.logprob for t in entries],
-        "top_logprobs": [{a.token: a.logprob for a in t.top} for t in entries],
+        "top_logprobs": [
+            {**{a.token: a.logprob for a in t.top}, t.token: t.logprob} for t in entries
+        ],
         "text_offset": offsets,
     }
 
