@@ -235,7 +235,8 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         default="f16",
         metavar="TYPE",
         help="the KV cache's element type: f16 or q8_0 (about half the cache's memory; "
-        "turns on llama.cpp's flash attention) (default f16)",
+        "turns on llama.cpp's flash attention; greedy text then does not depend on what "
+        "shares a request's steps; prompts are read slower) (default f16)",
     )
     p.add_argument(
         "--draft",

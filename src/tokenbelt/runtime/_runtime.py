@@ -115,7 +115,8 @@ class Runtime:
     ``force_n_ctx``; not given, it is ``DEFAULT_N_CTX`` (4096) or what each model was
     trained on, whichever is less. ``kv_type`` is the KV cache's element type: ``"f16"`` or
     ``"q8_0"`` (about half the cache's memory; it turns on llama.cpp's flash
-    attention, which q8_0 values need). ``prefix_cache=False`` computes every prompt in
+    attention, which q8_0 values need; greedy text is then the same whatever shares a
+    request's steps: alone, batched, drafted or from the prefix cache). ``prefix_cache=False`` computes every prompt in
     full instead of reusing the KV cells of an earlier or running one with the same
     start, so a prompt's arithmetic depends only on its batch, not on what ran before.
     ``cache_tokens`` is the most prompt tokens each model's prefix cache keeps (8

@@ -364,11 +364,13 @@ class BatchEngine:
 
     ``flash_attn`` ("auto", as llama.cpp's server has it: on for the CPU) is llama.cpp's
     flash attention; "off" computes attention over every cell in use (``FLASH_ATTN``; a
-    q8_0 cache needs it on). Neither makes a stream's greedy text independent of what
+    q8_0 cache needs it on). With an f16 cache a stream's greedy text depends on what
     shares its steps: llama.cpp's CPU kernels pick their path by the step's shape (one
     row over 512 or more cells splits attention across the decode threads; 64 rows or
     more take a tiled kernel; without flash attention one row's products differ from
-    many rows'), so a row is rounded by how many rows its step has.
+    many rows'), so a row is rounded by how many rows its step has. Both paths need f16
+    or f32 keys: with ``kv_type="q8_0"`` every row is computed alike, and greedy text is
+    the same alone, batched, drafted or from the prefix cache.
 
     ``decode_nice`` (0 to 19; ``DEFAULT_DECODE_NICE``, Linux only) makes the engine thread
     and llama.cpp's threads that much nicer than the rest of the process: a thread with a
