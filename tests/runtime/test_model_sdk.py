@@ -252,6 +252,25 @@ def test_sampling_uses_openai_names(model: Model) -> None:
     assert first.usage.completion_tokens == 8
 
 
+def test_the_repeat_penalty_looks_at_the_last_repeat_last_n_tokens(model: Model) -> None:
+    """Ollama's ``repeat_last_n``: 0 turns the penalty off (the unpenalized text), a window
+    or the whole context (-1) penalizes what it holds."""
+    engine = model.engines[0]
+    assert isinstance(engine, BatchEngine)
+    prompt = "sea, sea, sea, sea, sea, sea, sea, sea, sea, sea,"  # a text that repeats
+
+    def text(**sampling: Any) -> str:
+        engine.clear_prefix_cache()  # computed cold each time: the same arithmetic
+        return model.complete(prompt=prompt, max_tokens=24, temperature=0.0, **sampling).text
+
+    plain = text()
+    assert text(repeat_penalty=1.8, repeat_last_n=0) == plain
+    assert text(repeat_penalty=1.8, repeat_last_n=64) != plain
+    assert text(repeat_penalty=1.8, repeat_last_n=-1) != plain
+    with pytest.raises(InvalidArgument, match="repeat_last_n must be"):
+        model.complete(prompt=prompt, repeat_last_n=-2)
+
+
 def test_runtime_observers_receive_every_event_in_order(model: Model, recorder: Recorder) -> None:
     done = model.stream(HELLO, max_tokens=64, **GREEDY)
     assert "".join(done)

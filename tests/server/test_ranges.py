@@ -63,6 +63,7 @@ FIELDS: dict[str, list[tuple[str, str]]] = {
     "top_logprobs": [("openai", "top_logprobs"), ("ollama", "top_logprobs")],
     "seed": [("openai", "seed"), ("ollama", "options.seed"), ("responses", "seed")],
     "num_ctx": [("ollama", "options.num_ctx")],
+    "repeat_last_n": [("ollama", "options.repeat_last_n")],
     "num_predict": [("ollama", "options.num_predict")],
     "capacity": [(d, "tokenbelt.capacity") for d in _EXTENSION],
     "reasoning_budget": [(d, "tokenbelt.reasoning_budget") for d in _EXTENSION],

@@ -165,6 +165,12 @@ RANGES: MappingProxyType[str, Range] = MappingProxyType(
             "0 is off; more candidates than this samples the same as off, at the cost of a sort "
             "per token",
         ),
+        "repeat_last_n": Range(
+            -1,
+            MAX_CONTEXT,
+            "tokens",
+            "Ollama's: the last tokens the repeat penalty looks at; 0 is off, -1 the whole context",
+        ),
         "top_logprobs": Range(
             0,
             20,

@@ -154,6 +154,9 @@ class SamplingParams:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    #: the last tokens ``repeat_penalty`` looks at (Ollama's ``repeat_last_n``: 0 off,
+    #: -1 the whole context)
+    repeat_last_n: int = 64
     seed: int | None = None
     stop: tuple[str, ...] = ()
     #: OpenAI's: minus ``frequency_penalty`` times how often a token was generated so far
@@ -183,7 +186,7 @@ class SamplingParams:
     think: bool | str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "top_k", "min_tokens", "top_logprobs"):
+        for name in ("max_tokens", "top_k", "min_tokens", "top_logprobs", "repeat_last_n"):
             check(name, getattr(self, name))
         for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
             _in_range(name, _number(name, getattr(self, name)))

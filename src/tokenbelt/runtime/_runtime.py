@@ -116,9 +116,10 @@ class Runtime:
     trained on, whichever is less. ``kv_type`` is the KV cache's element type: ``"f16"`` or
     ``"q8_0"`` (about half the cache's memory; it turns on llama.cpp's flash
     attention, which q8_0 values need; greedy text is then the same whatever shares a
-    request's steps: alone, batched, drafted or from the prefix cache). ``prefix_cache=False`` computes every prompt in
-    full instead of reusing the KV cells of an earlier or running one with the same
-    start, so a prompt's arithmetic depends only on its batch, not on what ran before.
+    request's steps: alone, batched, drafted or from the prefix cache).
+    ``prefix_cache=False`` computes every prompt in full instead of reusing the KV cells
+    of an earlier or running one with the same start, so a prompt's arithmetic depends
+    only on its batch, not on what ran before.
     ``cache_tokens`` is the most prompt tokens each model's prefix cache keeps (8
     entries, in memory: about as much as that many KV cells; a longer prompt keeps its
     first ``cache_tokens``).

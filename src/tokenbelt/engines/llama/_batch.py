@@ -142,8 +142,6 @@ logger = logging.getLogger("tokenbelt.engines.batch")
 KV_TYPES = {"f16": 1, "q8_0": 8}
 #: flash attention: name -> ``llama_flash_attn_type`` ("auto": where the device has it)
 FLASH_ATTN = {"auto": -1, "on": 1, "off": 0}
-#: last tokens the repeat penalty looks at (llama-cpp-python's ``last_n_tokens_size``)
-_PENALTY_LAST_N = 64
 #: at most this many other requests are named in one trace's ``batched_with``
 _MAX_PEERS = 32
 #: prompts tokenized by ``count_prompt_tokens`` and kept for their admission
@@ -1135,12 +1133,11 @@ class BatchEngine:
             lib.llama_sampler_chain_add(
                 chain, lib.llama_sampler_init_logit_bias(self._n_vocab, len(biases), biases)
             )
-        if s.repeat_penalty != 1.0:
+        if s.repeat_penalty != 1.0 and s.repeat_last_n != 0:
+            last_n = self.context_length if s.repeat_last_n < 0 else s.repeat_last_n
             lib.llama_sampler_chain_add(
                 chain,
-                lib.llama_sampler_init_penalties(
-                    self._n_vocab, _PENALTY_LAST_N, s.repeat_penalty, 0.0, 0.0
-                ),
+                lib.llama_sampler_init_penalties(self._n_vocab, last_n, s.repeat_penalty, 0.0, 0.0),
             )
         if s.frequency_penalty or s.presence_penalty:
             # OpenAI counts every token generated so far: the window is the whole sequence.

@@ -47,7 +47,14 @@ from ._native import (
 logger = logging.getLogger("tokenbelt.engines.llama")
 
 #: what the batch engine (the runtime's) does and this one does not
-_UNSUPPORTED = ("logit_bias", "logprobs", "ignore_eos", "min_tokens", "return_token_ids")
+_UNSUPPORTED = (
+    "logit_bias",
+    "logprobs",
+    "ignore_eos",
+    "min_tokens",
+    "return_token_ids",
+    "repeat_last_n",
+)
 
 
 class LlamaEngine(OnThreads):

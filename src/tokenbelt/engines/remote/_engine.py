@@ -145,6 +145,7 @@ class RemoteEngine:
             "return_token_ids",
             "reasoning_budget",
             "reasoning_timeout",
+            "repeat_last_n",
         )
         if request.sampling.think not in (None, False):  # false asks nothing of it
             raise InvalidArgument("think is not supported by the remote engine", param="think")

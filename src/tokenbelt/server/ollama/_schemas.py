@@ -44,6 +44,9 @@ class Options(BaseModel):
     top_k: ranges.TopK = None
     min_p: ranges.MinP = None
     repeat_penalty: ranges.RepeatPenalty = None
+    repeat_last_n: int | None = ranges.bounded(
+        "repeat_last_n", description="the last tokens repeat_penalty looks at (0 off, -1 all)"
+    )
     frequency_penalty: ranges.Penalty = None
     presence_penalty: ranges.Penalty = None
     mirostat: int | None = Field(None, description="only 0 (off), Ollama's default")
@@ -171,6 +174,7 @@ class _Generation(BaseModel):
             "top_k": o.top_k,
             "min_p": o.min_p,
             "repeat_penalty": o.repeat_penalty,
+            "repeat_last_n": o.repeat_last_n,
             "frequency_penalty": o.frequency_penalty,
             "presence_penalty": o.presence_penalty,
             "seed": o.seed,
