@@ -34,6 +34,24 @@ def error_shape(
     return (400 if status == 422 else status), {"error": message}
 
 
+_AT_LOAD = "is set when the model loads, for every request, not by one; leave it out"
+#: Ollama's options that are no request's to set here, and why (the server's flag, if any)
+_NOT_PER_REQUEST: dict[str, str] = {
+    "num_thread": "the decode threads are set when the model loads: tokenbelt serve --threads "
+    "(and --threads-batch); leave it out",
+    "num_gpu": "the layers a GPU holds " + _AT_LOAD,
+    "main_gpu": "the GPU a model uses " + _AT_LOAD,
+    "num_batch": "the prompt tokens a step takes are set when the model loads: tokenbelt serve "
+    "--prefill-chunk; leave it out",
+    "use_mmap": "how the weights are read " + _AT_LOAD,
+    "use_mlock": "whether the weights are locked in memory " + _AT_LOAD,
+    "numa": "the NUMA policy " + _AT_LOAD,
+    "num_keep": "tokenbelt never shifts tokens out of a context: a chat outgrowing num_ctx "
+    "loses whole turns, its system messages kept; leave it out",
+    "tfs_z": "tail-free sampling is gone from llama.cpp (and Ollama ignores it); leave it out",
+}
+
+
 class Options(BaseModel):
     """``options``: the sampling and context settings tokenbelt can honour."""
 
@@ -62,12 +80,31 @@ class Options(BaseModel):
         "than the loaded context, a chat that does not fit that is refused",
     )
 
+    # Ollama's settings of a load, not of a request: refused with where each is set here
+    # (null, as clients send an unset one, is taken).
+    num_thread: int | None = Field(None, description="refused: tokenbelt serve --threads")
+    num_gpu: int | None = Field(None, description="refused: set when a model loads")
+    main_gpu: int | None = Field(None, description="refused: set when a model loads")
+    num_batch: int | None = Field(None, description="refused: tokenbelt serve --prefill-chunk")
+    use_mmap: bool | None = Field(None, description="refused: set when a model loads")
+    use_mlock: bool | None = Field(None, description="refused: set when a model loads")
+    numa: bool | None = Field(None, description="refused: set when a model loads")
+    num_keep: int | None = Field(None, description="refused: nothing is shifted out by tokens")
+    tfs_z: float | None = Field(None, description="refused: gone from llama.cpp and Ollama")
+
     @field_validator("mirostat", "typical_p")
     @classmethod
     def _off(cls, value: float | None, info: ValidationInfo) -> float | None:
         off, what = _OFF[str(info.field_name)]
         if value not in (None, off):
             raise ValueError(f"got {value}: tokenbelt samples without {what} (only {off}, off)")
+        return value
+
+    @field_validator(*_NOT_PER_REQUEST)
+    @classmethod
+    def _not_per_request(cls, value: object, info: ValidationInfo) -> object:
+        if value is not None:
+            raise ValueError(_NOT_PER_REQUEST[str(info.field_name)])
         return value
 
 
