@@ -263,6 +263,29 @@ def test_embed_takes_unset_options_and_an_empty_input_loads(served: Served) -> N
     assert len(served.recorder.enqueued()) == 1  # only the one with an input
 
 
+def test_embed_num_ctx_bounds_each_input(served: Served) -> None:
+    """Ollama's ``num_ctx`` on the embedding routes: the most tokens of an input, cut
+    there with ``truncate`` (its default), else a 400 naming the input and the window."""
+    url = f"{served.url}/api/embed"
+    body = {"model": name(served), "input": ["sea " * 100], "options": {"num_ctx": 16}}
+    cut = plainhttp.post(url, json=body, timeout=NET)
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["prompt_eval_count"] == 16
+    whole = plainhttp.post(url, json={**body, "options": {"num_ctx": 4096}}, timeout=NET)
+    assert whole.json()["prompt_eval_count"] > 16
+    refused = plainhttp.post(url, json={**body, "truncate": False}, timeout=NET)
+    assert refused.status_code == 400
+    assert "input[0] has" in refused.json()["error"]
+    assert "window holds at most 16" in refused.json()["error"]
+    legacy = {"model": name(served), "prompt": "sea " * 100, "options": {"num_ctx": 16}}
+    answer = plainhttp.post(f"{served.url}/api/embeddings", json=legacy, timeout=NET)
+    assert answer.status_code == 200, answer.text
+    for bad in (0, "16", True):
+        wrong = plainhttp.post(url, json={**body, "options": {"num_ctx": bad}}, timeout=NET)
+        assert wrong.status_code == 400
+        assert "options.num_ctx must be" in wrong.json()["error"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [

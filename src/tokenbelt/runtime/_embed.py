@@ -57,13 +57,19 @@ def check_texts(texts: Sequence[Any], field_name: str = "input") -> None:
             )
 
 
-def _fit(tokens: list[int], info: EmbeddingInfo, truncate: bool, where: str) -> tuple[int, ...]:
-    if len(tokens) <= info.max_tokens:
+def _fit(
+    tokens: list[int], info: EmbeddingInfo, truncate: bool, where: str, window: int | None = None
+) -> tuple[int, ...]:
+    """``tokens`` within the model's input limit, and within ``window`` where the request
+    set a smaller one; cut there with ``truncate``, else ``InvalidArgument``."""
+    limit = info.max_tokens if window is None else min(window, info.max_tokens)
+    if len(tokens) <= limit:
         return tuple(tokens)
     if truncate:
-        return tuple(tokens[: info.max_tokens])
+        return tuple(tokens[:limit])
+    what = "this model embeds" if limit == info.max_tokens else "this request's window holds"
     raise InvalidArgument(
-        f"{where} has {len(tokens)} tokens but this model embeds at most {info.max_tokens}; "
+        f"{where} has {len(tokens)} tokens but {what} at most {limit}; "
         "shorten it or ask for truncation",
         param=where,
     )
@@ -76,6 +82,7 @@ def prepare_inputs(
     truncate: bool,
     normalize: bool,
     field_name: str = "input",
+    window: int | None = None,
 ) -> EmbeddingRequest:
     """Tokenize ``texts`` for ``engine`` (token-id lists are taken as they are, checked
     against the vocabulary); raises ``InvalidArgument`` naming the input at fault."""
@@ -105,7 +112,7 @@ def prepare_inputs(
                 )
         if not tokens:
             raise InvalidArgument(f"{where} has no tokens", param=where)
-        inputs.append(_fit(tokens, info, truncate, where))
+        inputs.append(_fit(tokens, info, truncate, where, window))
     return EmbeddingRequest(tuple(inputs), normalize=normalize)
 
 
@@ -318,14 +325,16 @@ class EmbeddingCalls:
         *,
         truncate: bool = False,
         normalize: bool = True,
+        window: int | None = None,
         limits: Limits | None = None,
         request_id: str | None = None,
     ) -> EmbeddingStream:
         """Queue an embedding request and return its ``EmbeddingStream`` at once.
 
         ``texts`` is one string or a list (of strings, or of token-id lists). Each input
-        may hold ``embedding_info().max_tokens`` tokens: longer ones are cut with
-        ``truncate``, else ``InvalidArgument`` names the input. The request takes a
+        may hold ``embedding_info().max_tokens`` tokens, or ``window`` where that is less
+        (Ollama's ``num_ctx``): longer ones are cut with ``truncate``, else
+        ``InvalidArgument`` names the input. The request takes a
         slot and a place in the admission queue like a chat request (``QueueFull``),
         its deadlines count from now (``first_token``: the first vectors), and a stop
         ends it between ubatches. ``normalize``: unit-length vectors.
@@ -333,7 +342,9 @@ class EmbeddingCalls:
         items = [texts] if isinstance(texts, str) else texts
 
         def make(engine: Embeds) -> EmbeddingRequest:
-            return prepare_inputs(engine, items, truncate=truncate, normalize=normalize)
+            return prepare_inputs(
+                engine, items, truncate=truncate, normalize=normalize, window=window
+            )
 
         return self._submit_embedding(make, "embed", limits, request_id)
 

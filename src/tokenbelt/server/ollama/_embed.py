@@ -69,7 +69,7 @@ async def embed(body: EmbedRequest, path: Serving) -> Response:
         return JSONResponse({**empty, "load_duration": 0, "prompt_eval_count": 0})
 
     def make(**queue: Any) -> Any:
-        return model.embeddings(inputs, truncate=body.truncate, **queue)
+        return model.embeddings(inputs, truncate=body.truncate, window=body.window(), **queue)
 
     stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
 
@@ -97,7 +97,9 @@ async def embeddings(body: LegacyEmbedRequest, path: Serving) -> Response:
     prompt = body.prompt
 
     def make(**queue: Any) -> Any:
-        return model.embeddings([prompt], normalize=False, truncate=True, **queue)
+        return model.embeddings(
+            [prompt], normalize=False, truncate=True, window=body.window(), **queue
+        )
 
     stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..._errors import InvalidArgument
-from ...belt import MAX_KEEP_ALIVE_S
+from ...belt import MAX_KEEP_ALIVE_S, check
 from ...engines import Grammar, json_object_grammar, schema_grammar
 from ..core import Fit, TokenbeltOptions, UnsupportedParameter, ranges
 
@@ -411,8 +411,9 @@ class _Embedding(BaseModel):
     keep_alive: float | str | None = None
     options: dict[str, Any] | None = Field(
         None,
-        description="accepted when every value is null (unset), as langchain-ollama sends "
-        "them: embeddings take no sampling options",
+        description="num_ctx (the most tokens of an input, up to the model's limit); any other "
+        "option only null (unset), as langchain-ollama sends them: embeddings take no "
+        "sampling options",
     )
     tokenbelt: TokenbeltOptions | None = None
 
@@ -420,11 +421,22 @@ class _Embedding(BaseModel):
         return parse_keep_alive(self.keep_alive)
 
     def check_supported(self) -> None:
-        given = sorted(k for k, v in (self.options or {}).items() if v is not None)
+        self.window()
+        options = self.options or {}
+        given = sorted(k for k, v in options.items() if v is not None and k != "num_ctx")
         if given:
             raise UnsupportedParameter(
-                f"options.{given[0]}", f"embeddings take no options (got {', '.join(given)})"
+                f"options.{given[0]}",
+                f"embeddings take no options but num_ctx (got {', '.join(given)})",
             )
+
+    def window(self) -> int | None:
+        """``options.num_ctx``: the most tokens of one input (as Ollama's context size
+        bounds what it embeds), or None."""
+        value = (self.options or {}).get("num_ctx")
+        if value is None:
+            return None
+        return int(check("num_ctx", value, label="options.num_ctx"))
 
 
 class EmbedRequest(_Embedding):
