@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import plainhttp
 from tokenbelt import EndReason
@@ -37,8 +37,10 @@ WEATHER = {
 
 
 class City(BaseModel):
-    name: str
-    population: int
+    # Bounded, so the grammar bounds the reply: a sampled name may otherwise run past
+    # the agent's token budget and end the response incomplete.
+    name: str = Field(max_length=40)
+    population: int = Field(ge=0, le=10**10)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def test_openai_agents_output_type(served: Served) -> None:
         instructions="Answer with facts.",
         model=model,
         output_type=City,
-        model_settings=agents.ModelSettings(max_tokens=60),
+        model_settings=agents.ModelSettings(max_tokens=120, temperature=0.0),
     )
 
     async def run() -> Any:
