@@ -33,6 +33,16 @@ from tokenbelt.server import ServerSettings, create_app, http_protocol
 #: a safety net for every wait, never the assertion itself
 NET = 30.0
 
+
+def eventually(check: Callable[[], bool], what: str = "the condition") -> None:
+    """Poll ``check`` until it holds (what the server does after its answer, such as
+    storing a response); fails naming ``what`` after ``NET`` seconds."""
+    deadline = time.monotonic() + NET
+    while not check():
+        assert time.monotonic() < deadline, f"{what} never held"
+        time.sleep(0.01)
+
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ from tokenbelt.engines import Engine
 from tokenbelt.runtime import Model
 from tokenbelt.server import ServerSettings
 
-from .conftest import CHAT, NET, RawClient, ServeFactory, chat_body, words
+from .conftest import CHAT, NET, RawClient, ServeFactory, chat_body, eventually, words
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -75,13 +74,6 @@ class SlowLoadingRuntime(Runtime):
             return [ScriptedEngine(words(3), delay=0)]
 
         return self.add_engines(alias, engines)
-
-
-def eventually(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + NET
-    while not check():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.01)
 
 
 def test_a_model_still_loading_answers_503_with_retry_after(serve: ServeFactory) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from tokenbelt.belt import Producer
 from tokenbelt.server import ServerSettings
 from tokenbelt.server.core import UnsupportedParameter
 
-from .conftest import NET, Served, ServeFactory, scripted_runtime, words
+from .conftest import NET, Served, ServeFactory, eventually, scripted_runtime, words
 
 SCRIPT = words(6)
 TEXT = "".join(SCRIPT)
@@ -382,14 +381,15 @@ def _kept(served: Served, response_id: str) -> dict[str, Any]:
     """The stored response, once the server has handled its reader's leaving (just after
     the release: a bounded poll)."""
     url = f"{served.url}/v1/responses/{response_id}"
-    deadline = time.monotonic() + NET
-    while True:
-        r = plainhttp.get(url, timeout=NET)
-        if r.status_code == 200 and r.json()["status"] != "in_progress":
-            body: dict[str, Any] = r.json()
-            return body
-        assert time.monotonic() < deadline, r.text
-        time.sleep(0.01)
+    answers: list[httpx.Response] = []
+
+    def stored() -> bool:
+        answers.append(plainhttp.get(url, timeout=NET))
+        return answers[-1].status_code == 200 and answers[-1].json()["status"] != "in_progress"
+
+    eventually(stored, f"{response_id} stored")
+    body: dict[str, Any] = answers[-1].json()
+    return body
 
 
 def _goes_on_from(served: Served, response_id: str) -> None:
