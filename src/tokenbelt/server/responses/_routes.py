@@ -246,16 +246,22 @@ class _Making:
     def done(self) -> None:
         self.memory.running.pop(self.turn.id, None)
 
-    def keep_unfinished(self, rest: str = "", reasoning: str = "") -> None:
+    def finish_whole(self) -> None:
+        """A blocking response's end: what the stream made, fed at once, then its end."""
+        self.feed(Piece(self.stream.text, (), self.stream.reasoning))
+        self.finish(None)
+
+    def keep_unfinished(self, *, fed: bool = True) -> None:
         """A response whose reader left before its end (a disconnect, a reader timeout):
         kept as it stood, with the stream's end reason (``cancelled``), so a conversation
-        goes on from it. ``rest``: what the stream made that was not fed (a blocking
-        response is fed once, at its end)."""
+        goes on from it. ``fed``: False for a blocking response, whose text is fed only
+        at its end."""
         if self.keep is None or self.turn.finished.is_set():
             return
-        if rest or reasoning:
-            self.feed(Piece(rest, (), reasoning))
-        self.finish(None)
+        if fed:
+            self.finish(None)
+        else:
+            self.finish_whole()
 
     async def events(self) -> Any:
         """Every event of the response, the terminal one last, however it ends."""
@@ -292,7 +298,7 @@ def _cleanup_after(app: Asgi, making: _Making) -> Asgi:
         try:
             await inner(scope, receive, send)
         finally:
-            making.keep_unfinished(making.stream.text, making.stream.reasoning)
+            making.keep_unfinished(fed=False)
             making.done()
 
     return Asgi(run)
@@ -362,8 +368,7 @@ async def create(
         return response
 
     def render(s: Stream) -> dict[str, Any]:
-        making.feed(Piece(s.text, (), s.reasoning))
-        making.finish(None)
+        making.finish_whole()
         return turn.snapshot()
 
     answer = path.answer(stream, render, shape=openai_shape)
