@@ -153,6 +153,14 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 def _add_serving_options(p: argparse.ArgumentParser) -> None:
     """Where it listens, and the bounds of each request (the runtime's to apply)."""
+    _add_listen_options(p)
+    _add_deadline_options(p)
+    _add_context_options(p)
+    _add_cache_options(p)
+
+
+def _add_listen_options(p: argparse.ArgumentParser) -> None:
+    """Where it listens, and how many requests it holds: decoded together, and queued."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.add_argument(
@@ -173,6 +181,11 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_QUEUE_SIZE,
         help="admission queue length",
     )
+
+
+def _add_deadline_options(p: argparse.ArgumentParser) -> None:
+    """How long a request, a thinking model's reasoning, a load, a shutdown and an idle
+    model may take."""
     p.add_argument(
         "--first-token-timeout", type=positive_duration, help="seconds (default: no limit)"
     )
@@ -216,6 +229,11 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         help="seconds idle before unloading, counted from the load and from the end of "
         "the last request (0 = never; at most 31536000, a year)",
     )
+
+
+def _add_context_options(p: argparse.ArgumentParser) -> None:
+    """What each model's context holds and how it decodes: its length, its KV cache's
+    element type, drafting."""
     p.add_argument(
         "--n-ctx",
         type=n_ctx,
@@ -248,6 +266,10 @@ def _add_serving_options(p: argparse.ArgumentParser) -> None:
         "which speeds up replies that copy it (edits, quotes, code) and turns itself off "
         "per request where it does not pay; the text is the same either way (default off)",
     )
+
+
+def _add_cache_options(p: argparse.ArgumentParser) -> None:
+    """The prefix cache: how much of it each model keeps in memory and on disk."""
     p.add_argument(
         "--prefix-cache-dir",
         type=_cache_dir,
