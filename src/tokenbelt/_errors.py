@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .belt._reasons import EndReason
+    from .belt import EndReason
 
 
 class TokenbeltError(Exception):

@@ -21,8 +21,7 @@ from .._defaults import (
 )
 from .._heap import freeze_startup_heap
 from ..engines import DEFAULT_PREFIX_CACHE_DISK, DRAFT_MODES, KV_TYPES
-from ..runtime import DEFAULT_ALIAS
-from ..runtime._memory import DEFAULT_SHARE
+from ..runtime import DEFAULT_ALIAS, DEFAULT_SHARE
 from ._common import (
     Parser,
     add_isolation_options,

@@ -5,7 +5,7 @@ from ..models import DEFAULT_ALIAS
 from . import _structured as structured
 from ._calls import Tool, ToolCall
 from ._embed import Embeddings, EmbeddingStream, Ranked, Ranking
-from ._memory import MemoryBudget, MemoryUse, default_budget, estimate
+from ._memory import DEFAULT_SHARE, MemoryBudget, MemoryUse, default_budget, estimate
 from ._model import Model
 from ._runtime import Runtime, check_n_ctx, context_for
 from ._scheduler import Scheduler, SchedulerStatistics
@@ -15,6 +15,7 @@ from ._stream import Reply, Stream, Usage
 
 __all__ = [
     "DEFAULT_ALIAS",
+    "DEFAULT_SHARE",
     "ChatSession",
     "EmbeddingStream",
     "Embeddings",

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Scope
 
 from ... import _errors as errors
-from ...engines._request import NO_LEVELS_ADVICE, NO_PHASE_ADVICE
+from ...engines import NO_LEVELS_ADVICE, NO_PHASE_ADVICE
 from ._missing import missing
 from ._options import range_of
 
