@@ -25,6 +25,7 @@ from .conftest import (
     NET,
     Served,
     SharedServer,
+    eventually,
     real_runtime,
     shared_server,
 )
@@ -366,6 +367,46 @@ def test_a_load_after_an_unload_stays_loaded_and_one_without_keep_alive_is_a_loa
     assert again.done_reason == "load"
     assert model.state is ModelState.READY
     assert model.idle_keep_alive == model.keep_alive
+
+
+@pytest.mark.own_server  # unloads and reloads the model
+@pytest.mark.parametrize(
+    ("route", "body"), [("/api/embed", {"input": ["sea"]}), ("/api/embeddings", {"prompt": "sea"})]
+)
+def test_an_embedding_keep_alive_holds_for_that_request_only(
+    client: ollama.Client, served: Served, route: str, body: dict[str, object]
+) -> None:
+    """As on ``/api/chat``: an embedding's ``keep_alive`` is that request's own (``0``
+    unloads the model after it), never the server's default for every later request."""
+    model = served.model()
+    url = f"{served.url}{route}"
+    assert model.keep_alive is None  # the server's: loaded for ever
+
+    answer = plainhttp.post(url, json={"model": name(served), **body, "keep_alive": 0}, timeout=NET)
+    assert answer.status_code == 200, answer.text
+    eventually(lambda: model.state is ModelState.IDLE_UNLOADED, "the unload after that embedding")
+    assert model.keep_alive is None  # the server's stays
+
+    # Another client, no keep_alive: the model loads again, once, and stays loaded.
+    loads = model.loads
+    for n in (1, 2):
+        reply = client.chat(name(served), messages=SEA, options={"num_predict": 2})
+        served.recorder.wait(served.recorder.nth(n), "released")
+        assert reply.done
+        assert model.idle_keep_alive is None
+        assert model.state is ModelState.READY
+    assert model.loads == loads + 1
+
+    # A later embedding's own keep_alive holds until the next request brings its own.
+    again = plainhttp.post(
+        url, json={"model": name(served), **body, "keep_alive": "5m"}, timeout=NET
+    )
+    assert again.status_code == 200, again.text
+    assert (model.keep_alive, model.idle_keep_alive) == (None, 300.0)
+    plain = plainhttp.post(url, json={"model": name(served), **body}, timeout=NET)
+    assert plain.status_code == 200, plain.text
+    assert (model.keep_alive, model.idle_keep_alive) == (None, None)
+    assert model.state is ModelState.READY
 
 
 def test_request_id_header_and_deadline_extension(served: Served) -> None:

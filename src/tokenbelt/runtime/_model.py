@@ -239,6 +239,12 @@ class Model(ChatCalls, EmbeddingCalls):
         Raises as ``set_keep_alive``."""
         self._keep_for(seconds, default=False)
 
+    def keep_alive_for_request(self, keep_alive: RequestKeepAlive) -> None:
+        """The next request's own keep-alive, as ``submit(keep_alive=...)`` takes it, for a
+        request queued another way (``embeddings``): call it just before queueing. Changes
+        no default and no running timer; raises as ``submit`` does for it."""
+        self._keep.for_request(keep_alive)
+
     def _keep_for(self, seconds: float | None, *, default: bool) -> None:
         with self._lock:
             now = self._keep.change(seconds, default=default)

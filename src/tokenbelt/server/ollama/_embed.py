@@ -6,19 +6,20 @@ Ollama's counters (an empty ``input`` loads the model and answers none, as Ollam
 does); ``/api/embeddings`` answers one ``embedding``, not normalised, as
 Ollama's legacy route does. ``truncate`` is Ollama's (true by default); with it false,
 an input longer than the model embeds is a 400 naming it. ``keep_alive`` applies as
-on ``/api/chat``.
+on ``/api/chat``: to that request only (the server's default changes only through the
+admin route).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
 from ..._errors import InvalidArgument
-from ...runtime import Embeddings
+from ...runtime import Embeddings, Model
 from ..core import (
     RequestPath,
     Serving,
@@ -41,17 +42,38 @@ def _ns(seconds: float | None) -> int:
     return 0 if seconds is None else max(0, round(seconds * 1e9))
 
 
-async def _keep_alive(model: Any, seconds: Any) -> None:
+def _keep_alive(model: Model, seconds: float | Literal[False] | None) -> float | None:
+    """This request's own keep-alive (not given: the model's), as on ``/api/chat``; it
+    changes no default. Refused before anything runs if the model could not be loaded
+    again after an unload."""
     if seconds is False:
-        return
+        return model.keep_alive
     if not model.reloadable:
         raise UnsupportedParameter(
             "keep_alive", f"model {model.name} was given ready-made engines and stays loaded"
         )
-    await anyio.to_thread.run_sync(model.set_keep_alive, seconds)
+    return seconds
 
 
-def _model(path: RequestPath, name: str) -> Any:
+async def _own_keep_alive(model: Model, seconds: float | Literal[False] | None) -> None:
+    """Before the submit: this request's keep-alive holds once it is done, until a later
+    request (any client's) brings its own or the default."""
+    own: float | Literal["default"] | None = (
+        "default" if seconds is False else _keep_alive(model, seconds)
+    )
+    await anyio.to_thread.run_sync(model.keep_alive_for_request, own)
+
+
+async def _load_or_unload(model: Model, seconds: float | Literal[False] | None) -> None:
+    """Ollama's empty ``input``: load the model, or unload it (``keep_alive: 0``), as
+    ``/api/chat`` does without messages."""
+    own = _keep_alive(model, seconds)
+    await anyio.to_thread.run_sync(model.keep_loaded_for, own)
+    if seconds is False or seconds != 0:  # loading only to unload would be a waste
+        await anyio.to_thread.run_sync(model.ensure_loaded)
+
+
+def _model(path: RequestPath, name: str) -> Model:
     return path.state.model_for(_models.local_name(path.state, name))
 
 
@@ -62,15 +84,15 @@ async def embed(body: EmbedRequest, path: Serving) -> Response:
     check_dimensions(model, body.dimensions)
     seconds = body.keep_alive_seconds()
     inputs = body.inputs()
-    if not inputs:  # a preload: the model is loaded, nothing is embedded
-        await _keep_alive(model, seconds)
-        await anyio.to_thread.run_sync(model.ensure_loaded)
+    if not inputs:  # a preload: the model is loaded (or unloaded), nothing is embedded
+        await _load_or_unload(model, seconds)
         empty = {"model": model.name, "embeddings": [], "total_duration": 0}
         return JSONResponse({**empty, "load_duration": 0, "prompt_eval_count": 0})
 
     def make(**queue: Any) -> Any:
         return model.embeddings(inputs, truncate=body.truncate, window=body.window(), **queue)
 
+    await _own_keep_alive(model, seconds)
     stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
 
     def render(done: Embeddings) -> dict[str, Any]:
@@ -83,7 +105,6 @@ async def embed(body: EmbedRequest, path: Serving) -> Response:
             "prompt_eval_count": done.usage.prompt_tokens,
         }
 
-    await _keep_alive(model, seconds)
     return answer_embedding(stream, render, shape=error_shape)
 
 
@@ -101,10 +122,10 @@ async def embeddings(body: LegacyEmbedRequest, path: Serving) -> Response:
             [prompt], normalize=False, truncate=True, window=body.window(), **queue
         )
 
+    await _own_keep_alive(model, seconds)
     stream = await submit_embedding(path, model, make, body.tokenbelt, api=API)
 
     def render(done: Embeddings) -> dict[str, Any]:
         return {"embedding": encode_vector(done.array[0], "float")}
 
-    await _keep_alive(model, seconds)
     return answer_embedding(stream, render, shape=error_shape)
