@@ -43,9 +43,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from ..._errors import Cancelled, InvalidArgument, UpstreamError, UpstreamUnavailable
@@ -53,9 +51,10 @@ from ...belt import EndReason, Producer
 from .._base import OnExit, check_can_start, run_to_end
 from .._request import GenerationRequest, refuse, refuse_grammar
 from .._statistics import EngineStatistics, UpstreamStatistics
-from ._session import new_loop, open_session, wake_threadsafe
+from ._relay import Job, record_release, relay
+from ._session import new_loop, open_session
 from ._upstreams import UpstreamPool, UpstreamState
-from ._wire import error_message, estimate_tokens, event_data, raise_for_status, request_body
+from ._wire import estimate_tokens, event_data, raise_for_status, request_body
 
 # aiohttp takes a fifth of a second to import: it is imported where it is first used, so a
 # process that never speaks to an upstream (a worker, a CLI command, a local serve)
@@ -67,19 +66,6 @@ logger = logging.getLogger("tokenbelt.engines.remote")
 
 #: how long the engine waits for a tokenbelt upstream's cancel answer and release
 UPSTREAM_RELEASE_WAIT_S = 1.0
-_FINISH = {"stop": EndReason.STOP, "length": EndReason.LENGTH}
-
-
-@dataclass(eq=False)
-class _Job:
-    request: GenerationRequest
-    producer: Producer[str]
-    on_exit: Callable[[], None]
-    state: UpstreamState | None = None
-    upstream_id: str | None = None
-    produced: int = 0
-    fetch: asyncio.Task[EndReason] | None = None
-    cancelling: asyncio.Task[None] | None = None
 
 
 class RemoteEngine:
@@ -113,7 +99,7 @@ class RemoteEngine:
         self.context_length = context_length
         self.slots = pool.slots
         self.health_interval = health_interval
-        self._jobs: set[_Job] = set()
+        self._jobs: set[Job] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -178,7 +164,7 @@ class RemoteEngine:
         self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
     ) -> None:
         """Hand a request to the engine's loop; never blocks."""
-        job = _Job(request, producer, on_exit or (lambda: None))
+        job = Job(request, producer, on_exit or (lambda: None))
         with self._lock:
             check_can_start(self._closed, len(self._jobs), self.slots, "upstream slots")
             self._jobs.add(job)
@@ -200,12 +186,12 @@ class RemoteEngine:
 
     # -- one request --------------------------------------------------------------------------
 
-    def _spawn(self, job: _Job) -> None:
+    def _spawn(self, job: Job) -> None:
         task = self._loop.create_task(self._run(job))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, job: _Job) -> None:
+    async def _run(self, job: Job) -> None:
         p = job.producer
         loop = asyncio.get_running_loop()
         try:
@@ -220,7 +206,7 @@ class RemoteEngine:
             await asyncio.wait({job.fetch})
             self._record_end(job, job.fetch)
             await self._fetch_upstream_trace(job)
-            _record_release(job)
+            record_release(job)
         except BaseException:
             # This task itself was cancelled (the loop shuts down): the request too.
             if job.fetch is not None:
@@ -236,7 +222,7 @@ class RemoteEngine:
                 p.release()
 
     @staticmethod
-    def _record_end(job: _Job, fetch: asyncio.Task[EndReason]) -> None:
+    def _record_end(job: Job, fetch: asyncio.Task[EndReason]) -> None:
         p = job.producer
         if fetch.cancelled():
             # A stop (the belt holds its reason already), or the loop shutting down.
@@ -248,7 +234,7 @@ class RemoteEngine:
         elif not isinstance(error, Cancelled):
             p.fail(error)
 
-    def _stop(self, job: _Job, reason: EndReason) -> None:
+    def _stop(self, job: Job, reason: EndReason) -> None:
         """On the loop, for a stop: end the fetch, whose exit closes the upstream stream.
 
         A ``user_cancel`` at a tokenbelt upstream is sent first: httpcore closes the
@@ -264,7 +250,7 @@ class RemoteEngine:
         else:
             cancelling.add_done_callback(lambda _task: fetch.cancel())
 
-    def _upstream_cancel(self, job: _Job) -> asyncio.Task[None] | None:
+    def _upstream_cancel(self, job: Job) -> asyncio.Task[None] | None:
         """The call to a tokenbelt upstream's cancel endpoint for a ``user_cancel``
         (started once), or None when there is none to make."""
         state = job.state
@@ -278,7 +264,7 @@ class RemoteEngine:
             job.cancelling.add_done_callback(self._tasks.discard)
         return job.cancelling
 
-    async def _cancel_at(self, job: _Job, state: UpstreamState) -> None:
+    async def _cancel_at(self, job: Job, state: UpstreamState) -> None:
         import aiohttp
 
         request_id = job.upstream_id or job.producer.trace.request_id
@@ -293,7 +279,7 @@ class RemoteEngine:
             logger.info("cancel at %s failed: %r", state.upstream.url, exc)
 
     async def _close_upstream(
-        self, job: _Job, response: aiohttp.ClientResponse, events: AsyncGenerator[str, None]
+        self, job: Job, response: aiohttp.ClientResponse, events: AsyncGenerator[str, None]
     ) -> None:
         """Close the upstream stream, after the upstream's own cancel if there is one.
 
@@ -313,7 +299,7 @@ class RemoteEngine:
                 else:
                     response.close()
 
-    async def _fetch_upstream_trace(self, job: _Job) -> None:
+    async def _fetch_upstream_trace(self, job: Job) -> None:
         """From a tokenbelt upstream: its trace of this request, once it has released."""
         import aiohttp
 
@@ -345,7 +331,7 @@ class RemoteEngine:
 
     # -- talking to upstreams ------------------------------------------------------------------
 
-    async def _fetch(self, job: _Job) -> EndReason:
+    async def _fetch(self, job: Job) -> EndReason:
         """Try upstreams until one streams the answer; retry only before the first token."""
         tried: list[UpstreamState] = []
         while True:
@@ -374,7 +360,7 @@ class RemoteEngine:
             headers["authorization"] = f"Bearer {u.api_key}"
         return headers
 
-    async def _attempt(self, job: _Job, state: UpstreamState) -> EndReason:
+    async def _attempt(self, job: Job, state: UpstreamState) -> EndReason:
         import aiohttp
 
         u = state.upstream
@@ -400,7 +386,7 @@ class RemoteEngine:
                     "model": u.model,
                     "request_id": job.upstream_id,
                 }
-                return await self._relay(job, state, events, chat, sent)
+                return await relay(job, self.pool, state, events, chat, sent)
             finally:
                 # Shielded: a stop that lands while the stream is being closed must not
                 # interrupt the close, or the connection would stay open, and the
@@ -418,97 +404,6 @@ class RemoteEngine:
             raise UpstreamUnavailable(
                 f"the connection to upstream {u.url} broke off ({what}: {exc})"
             ) from exc
-
-    @staticmethod
-    async def _drain(events: AsyncGenerator[str, None]) -> None:
-        """Read the end of a finished body, so that its connection serves the next request
-        (one left unread is closed); an upstream that keeps it open gets a second."""
-        import aiohttp
-
-        with contextlib.suppress(TimeoutError, aiohttp.ClientError, UpstreamError):
-            async with asyncio.timeout(1.0):
-                async for _ in events:
-                    pass
-
-    async def _room(self, producer: Producer[str]) -> None:
-        """Wait for room on the belt (the read pauses meanwhile); raise once it ended."""
-        loop = asyncio.get_running_loop()
-        while not producer.has_room():
-            producer.checkpoint()
-            woken = asyncio.Event()
-            if producer.on_room(partial(wake_threadsafe, loop, woken)):
-                await woken.wait()
-
-    async def _relay(
-        self,
-        job: _Job,
-        state: UpstreamState,
-        events: AsyncGenerator[str, None],
-        chat: bool,
-        sent: float,
-    ) -> EndReason:
-        """Events to belt pieces; returns the natural end, raises on an upstream error."""
-        p = job.producer
-        url = state.upstream.url
-        finish: str | None = None
-        upstream_reason: str | None = None
-        completion: int | None = None
-        async for data in events:
-            if data == "[DONE]":
-                if state.tokenbelt:
-                    # Only a tokenbelt upstream's connection is kept for the next request:
-                    # llama-cpp-python's server took a stream on a reused connection for a
-                    # disconnect, and a new connection costs one round trip.
-                    await self._drain(events)
-                break
-            try:
-                event = json.loads(data)
-            except ValueError:
-                event = None
-            if not isinstance(event, dict):
-                raise UpstreamError(f"upstream {url} sent a malformed event: {data[:80]!r}")
-            if event.get("error"):
-                raise UpstreamError(f"upstream {url} failed: {error_message(event)}")
-            extension = event.get("tokenbelt")
-            if isinstance(extension, dict):
-                state.tokenbelt = True
-                if isinstance(extension.get("end_reason"), str):
-                    upstream_reason = extension["end_reason"]
-                if isinstance(extension.get("trace"), dict) and p.trace.upstream is not None:
-                    p.trace.upstream = {**p.trace.upstream, "trace": extension["trace"]}
-            usage = event.get("usage")
-            if isinstance(usage, dict):
-                if isinstance(usage.get("prompt_tokens"), int):
-                    p.count_prompt(usage["prompt_tokens"])
-                if isinstance(usage.get("completion_tokens"), int):
-                    completion = usage["completion_tokens"]
-            for choice in event.get("choices") or ():
-                if not isinstance(choice, dict):
-                    continue
-                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                if isinstance(piece, str) and piece:
-                    await self._room(p)
-                    if not job.produced:
-                        self.pool.succeeded(state, time.monotonic() - sent)
-                    job.produced += 1
-                    p.count_token()
-                    p.put_nowait(piece)
-                if choice.get("finish_reason"):
-                    finish = str(choice["finish_reason"])
-        if finish is None:
-            raise UpstreamUnavailable(f"upstream {url} closed the stream before its end")
-        if completion is not None:
-            p.trace.completion_tokens = completion
-        if not job.produced:
-            self.pool.succeeded(state, None)
-        reason = _FINISH.get(finish)
-        if upstream_reason is not None and upstream_reason not in _FINISH:
-            # A tokenbelt upstream's early end reads "stop"/"length" in OpenAI's terms;
-            # its exact reason says it was not a natural one.
-            reason = None
-        if reason is None:
-            raise UpstreamError(f"upstream {url} ended the request: {upstream_reason or finish}")
-        return reason
 
     # -- health ------------------------------------------------------------------------------
 
@@ -588,20 +483,3 @@ class RemoteEngine:
             self._thread.join()
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()
-
-
-def _record_release(job: _Job) -> None:
-    """``trace.upstream["release"]``: what the front knows of the upstream's end (see the
-    module's docstring); nothing when no upstream answered."""
-    trace = job.producer.trace
-    info, fetch = trace.upstream, job.fetch
-    if info is None or fetch is None:
-        return
-    error = None if fetch.cancelled() else fetch.exception()
-    if not fetch.cancelled() and not isinstance(error, Cancelled):  # not stopped here
-        release = "finished" if error is None else "upstream_ended"
-    elif info.get("trace", {}).get("timeline_ms", {}).get("released") is not None:
-        release = "confirmed"
-    else:
-        release = "unconfirmed"
-    trace.upstream = {**info, "release": release}
