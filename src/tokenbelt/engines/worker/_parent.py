@@ -23,6 +23,8 @@ admission, deadlines, traces, metrics and the belts; across the pipe go:
   with the reason.
 
 Prompts are tokenized in the parent, with the model's vocabulary only (``_vocab.py``).
+The engine's state, its restarts, the heartbeat and the kills (a stop's grace, a load's
+deadline) are its ``Supervision``'s (``_supervision.py``).
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
 from ..llama import check_fits, check_gguf_file, check_inputs, check_pooling
 from . import _messages as msg
-from ._crashes import Crashes
 from ._jobs import Job
 from ._process import Process, describe_exit, spawn
+from ._supervision import Supervision
 from ._vocab import PromptTokens
 
 logger = logging.getLogger("tokenbelt.engines.worker")
@@ -65,10 +67,6 @@ ABORT_ENV = "TOKENBELT_TEST_WORKER_ABORT"
 DEFAULT_STOP_GRACE = 3.0
 #: seconds a failed engine thread waits before it starts again
 _RESTART_PAUSE_S = 0.05
-#: seconds between two heartbeats (a ``Ping`` the worker's loop answers between steps)
-HEARTBEAT_S = 1.0
-#: a worker that has answered no heartbeat for this long is not ready (``/health``)
-HEARTBEAT_BOUND_S = 5.0
 
 
 class WorkerEngine:
@@ -105,7 +103,9 @@ class WorkerEngine:
             raise InvalidArgument("stop_grace must be a number of seconds, got None")
         self.stop_grace = grace
         self.load_timeout = load_timeout
-        self._crashes = Crashes(max_load_crashes)
+        self._watch = Supervision(
+            stop_grace=grace, load_timeout=load_timeout, max_load_crashes=max_load_crashes
+        )
         self._options: dict[str, Any] = {"slots": self.slots, "n_ctx": n_ctx, **options}
         self._options["name"] = self.name
         self._lock = threading.Lock()
@@ -114,16 +114,9 @@ class WorkerEngine:
         self._pending: list[Job] = []  # started while no worker was ready
         self._doomed: list[tuple[Job, BaseException]] = []  # to end off the caller's thread
         self._ids = itertools.count(1)
-        self._state = WorkerState.STARTING
         self._closed = False
-        self._restarts = 0
-        self._failure: str | None = None
-        self._restart_at: float | None = None
         self._stats: BatchStatistics | None = None
         self._numbers = itertools.count(1)
-        self._pings = itertools.count(1)
-        self._thread_failures = 0
-        self._next_ping = 0.0
         self._current: Process
         self._prompts = PromptTokens(
             self.model_path, self.name, reasoning=bool(options.get("reasoning", True))
@@ -212,8 +205,7 @@ class WorkerEngine:
     def _spawn(self, crash_point: str | None = None) -> Process:
         """Start a worker process and send it the model to load; does not wait."""
         w = spawn(next(self._numbers), msg.Load(str(self.model_path), self._options, crash_point))
-        if self.load_timeout is not None:
-            w.load_by = time.monotonic() + self.load_timeout
+        self._watch.spawned(w)
         with self._cond:
             closed = self._closed
             if not closed:
@@ -246,7 +238,7 @@ class WorkerEngine:
                 return
             except Exception:
                 with self._lock:
-                    self._thread_failures += 1
+                    self._watch.thread_failures += 1
                 logger.exception("the %s thread of %s failed; it starts again", role, self.name)
                 with self._cond:
                     if self._cond.wait_for(lambda: self._closed, _RESTART_PAUSE_S):
@@ -277,7 +269,7 @@ class WorkerEngine:
                 w.load_error = error
                 return
             case msg.Pong():
-                w.answered_at = time.monotonic()
+                self._watch.answered(w)
                 return
         job = self._jobs.get(message.rid)
         if job is None or job.worker is not w:
@@ -292,14 +284,8 @@ class WorkerEngine:
     def _ready(self, w: Process, info: dict[str, Any]) -> None:
         with self._lock:
             w.info = info
-            w.became_ready = True
-            w.answered_at = time.monotonic()
-            w.load_by = None
-            self._crashes.loaded()
-            if self._closed or w is not self._current:
+            if not self._watch.ready(w, current=not self._closed and w is self._current):
                 return
-            self._state = WorkerState.READY
-            self._next_ping = 0.0
             self._cond.notify_all()  # the supervisor starts the heartbeat
             pending, self._pending = self._pending, []
             for job in pending:
@@ -330,7 +316,11 @@ class WorkerEngine:
                     job.unsent()
                 self._pending[:0] = waiting
                 held = [j for j in held if j.worker is w]
-                self._crashed_locked(w, cause)
+                current = not self._closed and w is self._current
+                failure = self._watch.crashed(w, cause, current=current)
+                if failure is not None:
+                    self._fail_locked(failure)
+                    logger.error("model %s failed: %s", self.name, failure)
             self._cond.notify_all()
         with w.cond:
             w.done = True
@@ -343,24 +333,9 @@ class WorkerEngine:
         for job in held:
             self._end(job, error)
 
-    def _crashed_locked(self, w: Process, cause: str) -> None:
-        self._crashes.record(cause, was_ready=w.became_ready)
-        if self._closed or w is not self._current:
-            return
-        if self._crashes.load_failed:
-            self._fail_locked(
-                f"the engine worker died {self._crashes.while_loading} times in a row before "
-                f"it was ready; the last time: {w.load_error or cause}"
-            )
-            logger.error("model %s failed: %s", self.name, self._failure)
-            return
-        self._state = WorkerState.RESTARTING
-        self._restart_at = time.monotonic() + self._crashes.backoff()
-
-    def _fail_locked(self, failure: str) -> None:
+    def _fail_locked(self, failure: str, *, crash: bool = False) -> None:
         """No worker can serve: the engine fails, and what waited for one ends with why."""
-        self._state = WorkerState.FAILED
-        self._failure = failure
+        self._watch.fail(failure, crash=crash)
         pending, self._pending = self._pending, []
         for job in pending:
             self._jobs.pop(job.rid, None)
@@ -412,13 +387,14 @@ class WorkerEngine:
         with self._cond:
             if self._closed:
                 raise IllegalState("the engine is closed")
-            if self._state is WorkerState.FAILED:
+            if self._watch.state is WorkerState.FAILED:
                 # Ended on the supervisor's thread: the caller may hold the scheduler's lock.
-                self._doomed.append((job, WorkerCrashed(self._failure or "the worker failed")))
+                failure = self._watch.failure or "the worker failed"
+                self._doomed.append((job, WorkerCrashed(failure)))
                 self._cond.notify_all()
                 return
             self._jobs[job.rid] = job
-            if self._state is WorkerState.READY:
+            if self._watch.state is WorkerState.READY:
                 self._send_start(job, self._current)
             else:
                 self._pending.append(job)
@@ -435,7 +411,7 @@ class WorkerEngine:
                 del self._jobs[job.rid]
             else:
                 w.post(msg.Cancel(job.rid, reason))
-                job.stop_by = time.monotonic() + self.stop_grace
+                self._watch.arm_stop(job)
                 self._cond.notify_all()
         if w is None:
             job.let_go()
@@ -447,76 +423,48 @@ class WorkerEngine:
     # -- the supervisor ----------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        """Kill a worker that keeps a stopped request past the grace; restart dead ones."""
+        """End what was doomed off its caller's thread; do what the supervision finds due:
+        kill a worker that keeps a stopped request past the grace or loads too long,
+        start the next worker, send the heartbeat."""
+        watch = self._watch
         while True:
             with self._cond:
                 if self._closed:
                     return
                 now = time.monotonic()
-                late = [
-                    j
-                    for j in self._jobs.values()
-                    if j.stop_by is not None and j.stop_by <= now and j.worker is not None
-                ]
-                for j in late:
-                    j.stop_by = None
                 doomed, self._doomed = self._doomed, []
                 w = self._current
-                slow_load = w.load_by is not None and w.load_by <= now and not w.done
-                if slow_load:
-                    w.load_by = None  # killed once
-                    w.load_expired = True
-                restart = self._restart_at is not None and self._restart_at <= now
-                if restart:
-                    self._restart_at = None
-                beating = self._state is WorkerState.READY and not w.done
-                if beating and self._next_ping <= now:
-                    self._next_ping = now + HEARTBEAT_S
-                    w.post(msg.Ping(next(self._pings)))
+                late, slow_load, restart = watch.due(w, self._jobs.values(), now)
                 if not (late or doomed or slow_load or restart):
-                    times = [j.stop_by for j in self._jobs.values() if j.stop_by is not None]
-                    times += [t for t in (self._restart_at, w.load_by) if t is not None]
-                    if beating:
-                        times.append(self._next_ping)
+                    times = watch.wakes(w, self._jobs.values())
                     self._cond.wait(max(0.0, min(times) - now) if times else None)
                     continue
             for job, error in doomed:
                 job.producer.start()
                 job.end(error)
             for job in late:
-                self._kill_for(job)
+                watch.kill_late(job)
             if slow_load:
-                w.kill(f"engine worker killed: loading took longer than {self.load_timeout} s")
+                watch.kill_slow(w)
             if restart:
                 self._restart()
-
-    def _kill_for(self, job: Job) -> None:
-        w = job.worker
-        if w is None or w.done:
-            return
-        cause = f"engine worker killed: a stop was not honoured within {self.stop_grace} s"
-        job.record_kill(w, cause)
-        logger.warning("request %s: %s", job.producer.trace.request_id, cause)
-        w.kill(cause)
 
     def _restart(self) -> None:
         with self._cond:
             if self._closed:
                 return
-            self._restarts += 1
-            self._state = WorkerState.STARTING
+            self._watch.restarting()
         try:
             self._spawn()
         except ModelLoadError as exc:
             with self._cond:
-                self._crashes.last = str(exc)
-                self._fail_locked(str(exc))
+                self._fail_locked(str(exc), crash=True)
 
     # -- state -------------------------------------------------------------------------------
 
     @property
     def state(self) -> WorkerState:
-        return self._state
+        return self._watch.state
 
     @property
     def pid(self) -> int | None:
@@ -526,27 +474,12 @@ class WorkerEngine:
 
     def worker_statistics(self) -> WorkerStatistics:
         w = self._current
-        running = not w.done and not self._closed
-        silent = None
-        if running and self._state is WorkerState.READY and w.answered_at is not None:
-            silent = time.monotonic() - w.answered_at
-        return WorkerStatistics(
-            state=self._state.value,
-            pid=w.pid if running else None,
-            restarts=self._restarts,
-            last_crash=self._crashes.last,
-            rss_bytes=w.rss() if running else None,
-            failure=self._failure,
-            thread_failures=self._thread_failures,
-            unresponsive_s=(
-                round(silent, 3) if silent is not None and silent > HEARTBEAT_BOUND_S else None
-            ),
-        )
+        return self._watch.statistics(w, running=not w.done and not self._closed)
 
     @property
     def failure(self) -> str | None:
         """Why the engine failed (workers kept dying while loading), or None."""
-        return self._failure
+        return self._watch.failure
 
     @property
     def threads(self) -> int:
@@ -580,7 +513,7 @@ class WorkerEngine:
             if self._closed:
                 return
             self._closed = True
-            self._state = WorkerState.CLOSED
+            self._watch.close()
             pending, self._pending = self._pending, []
             for job in pending:
                 self._jobs.pop(job.rid, None)
