@@ -48,7 +48,7 @@ _IGNORED_THREAD_PREFIXES = (
     "ThreadPoolExecutor",
     "pytest_timeout",
     "tokenbelt-release-watch",  # one per process, like asyncio's own threads
-    "litellm-logging",  # litellm's process-wide logging pool (tests/server/test_litellm.py)
+    "litellm-logging",  # litellm's process-wide logging pool (tests/server/openai/test_litellm.py)
 )
 
 

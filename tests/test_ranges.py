@@ -2,7 +2,7 @@
 
 Parametrized from the range table (``tokenbelt.belt.RANGES``): a new entry is tested
 here without a line more, and one no SDK call or flag takes must say so (``SDK`` and
-``FLAGS`` below). The HTTP side is ``tests/server/test_ranges.py``.
+``FLAGS`` below). The HTTP side is ``tests/server/core/test_ranges.py``.
 """
 
 from __future__ import annotations

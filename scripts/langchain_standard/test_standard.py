@@ -7,7 +7,7 @@ on its own, with langchain-tests and its pytest plugins where Python finds them:
 
 against a running ``tokenbelt serve --port 8765`` (``run.sh`` here does both). The
 tool-calling tests that the schema refusal failed before (``magic_function`` takes
-``Field(gt=-1000, lt=1000)``) are in the suite too: tests/server/test_langchain.py.
+``Field(gt=-1000, lt=1000)``) are in the suite too: tests/server/openai/test_langchain.py.
 """
 
 from __future__ import annotations

@@ -20,10 +20,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+import ollama
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
+import plainhttp
 from tokenbelt import EndReason, GenerationRequest, Runtime, ScriptedEngine
 from tokenbelt.belt import Belt, Trace, TraceEvent
 from tokenbelt.models import default_model_path
@@ -498,3 +503,42 @@ def wait_in_prefill(served: Served, trace: Trace, timeout: float = NET) -> None:
     while engine.statistics().tokens_stepped - stepped < 512:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, f"{trace.request_id}: no prefill step in {timeout} s"
         time.sleep(0.002)
+
+
+# -- clients and metrics, shared by the dialects' tests -------------------------------------
+
+
+@contextlib.contextmanager
+def connect_ollama(url: str, timeout: float | httpx.Timeout = NET) -> Iterator[ollama.Client]:
+    """An ``ollama.Client`` whose connections close at the end of the block.
+
+    The test owns the transport: clients before 0.6 are no context managers.
+    """
+    transport = httpx.HTTPTransport()
+    try:
+        yield ollama.Client(host=url, timeout=timeout, transport=transport)
+    finally:
+        transport.close()
+
+
+def scrape(served: Served) -> dict[str, list[Sample]]:
+    """The server's ``/metrics``: every sample, by series name."""
+    response = plainhttp.get(f"{served.url}/metrics", timeout=NET)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` with ``labels`` (more or none fail)."""
+    found = [
+        s.value
+        for s in samples.get(name, [])
+        if all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert len(found) == 1, f"{name}{labels}: {found}"
+    return found[0]
