@@ -1,4 +1,8 @@
-"""A loaded model: its slots, its admission queue, its lifecycle, and request submission."""
+"""A loaded model: its slots, its admission queue, its lifecycle, and the two ways a
+request reaches its loaded engine (``_queue``, ``_on_engine``). Its surfaces stand on
+those two: the chat surface (``submit``, the prompt's tokens) is ``ChatCalls``
+(``_session.py``), the embedding surface ``EmbeddingCalls`` (``_embed.py``); its
+keep-alive's rules and timer are a ``KeepAlive`` (``_keepalive.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE
-from .._errors import IllegalState, InvalidArgument, ModelLoading, OverBudget, RuntimeClosed
+from .._errors import IllegalState, ModelLoading, OverBudget, RuntimeClosed
 from ..belt import (
     Belt,
     DeadlineTimer,
@@ -19,23 +23,18 @@ from ..belt import (
     check_capacity,
     new_request_id,
 )
-from ..engines import Engine, GenerationRequest
+from ..engines import Engine
 from ._embed import EmbeddingCalls
 from ._keepalive import KeepAlive, RequestKeepAlive
 from ._memory import MemoryUse
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatCalls, ChatSession
 from ._status import ModelState, ModelStatus
-from ._stream import Stream
-from ._structured import Structure
 
 logger = logging.getLogger("tokenbelt.runtime")
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
-
-#: what a model of a catalog ``kind`` other than chat is, and what it serves instead
-_NOT_CHAT = {"embedding": ("an embedding model", "embeddings"), "rerank": ("a reranker", "rerank")}
 
 
 def _load_wait(limits: Limits) -> float | None:
@@ -47,8 +46,9 @@ def _load_wait(limits: Limits) -> float | None:
 class Model(ChatCalls, EmbeddingCalls):
     """One model with ``slots`` engines and a bounded admission queue.
 
-    Created by ``Runtime.load()``. ``submit`` never blocks on generation: it
-    starts the request on a free slot or queues it, and returns a ``Stream``.
+    Created by ``Runtime.load()``. ``submit`` (``ChatCalls``) never blocks on
+    generation: it starts the request on a free slot or queues it, and returns a
+    ``Stream``.
     """
 
     def __init__(
@@ -423,54 +423,6 @@ class Model(ChatCalls, EmbeddingCalls):
 
     # -- requests ----------------------------------------------------------------------------
 
-    def submit(
-        self,
-        request: GenerationRequest,
-        *,
-        limits: Limits | None = None,
-        capacity: int | None = None,
-        request_id: str | None = None,
-        on_complete: Callable[[Stream], None] | None = None,
-        structure: Structure | None = None,
-        keep_alive: RequestKeepAlive = "default",
-        dropped_messages: int = 0,
-    ) -> Stream:
-        """Queue ``request`` and return its ``Stream`` at once.
-
-        ``keep_alive`` is this request's own: the seconds the model stays loaded once
-        idle after it (``None``: for ever; ``0``: unloaded then), unless a later request
-        brings its own; ``"default"`` is the model's ``keep_alive``. ``dropped_messages``:
-        how many of a chat's oldest messages the caller left out so that it fits the
-        context window (its trace says so).
-
-        Blocks only while the model is reloaded after an idle unload (by this call or
-        another's; waiting at most the request's first-token or total limit, then
-        ``ModelLoading``). Raises ``PromptTooLong`` (before queueing), ``QueueFull`` when the
-        admission queue is full (the trace ends ``rejected``), ``RuntimeClosed``.
-        Deadlines in ``limits`` count from now (enqueue). A model whose catalog entry
-        says it is an ``embedding`` or ``rerank`` model refuses (``InvalidArgument``).
-        """
-        kind = self.info.get("kind", "chat")
-        if kind != "chat":
-            what, use = _NOT_CHAT.get(kind, ("a reranker", "rerank"))
-            raise InvalidArgument(
-                f"model {self.name} is {what}: it does not generate text (use {use})",
-                param="model",
-            )
-        self._keep.for_request(keep_alive)
-
-        def open_stream(_: GenerationRequest, belt: Belt[Any]) -> Stream:
-            belt.trace.dropped_messages = dropped_messages
-            return Stream(belt, on_complete=on_complete, structure=structure)
-
-        return self._queue(
-            lambda engine: (request, engine.count_prompt_tokens(request)),
-            open_stream,
-            limits,
-            capacity,
-            request_id,
-        )
-
     def _queue(
         self,
         prepare: Callable[[Engine], tuple[Any, int]],
@@ -508,47 +460,6 @@ class Model(ChatCalls, EmbeddingCalls):
             trace=trace,
             timer=self._timer,
         )
-
-    def count_prompt_tokens(self, request: GenerationRequest) -> int:
-        """The prompt tokens ``request`` would have if it were submitted now (its trace's
-        ``prompt_tokens``): the chat template and the tools included; nothing is queued.
-
-        Blocks to tokenize, and to reload a model unloaded for being idle (the
-        keep-alive counts again from here). Raises as ``submit`` does before queueing
-        (``PromptTooLong``, ``InvalidArgument``, ``ModelLoading``, ``RuntimeClosed``).
-        """
-        return self._on_engine(lambda engine: engine.count_prompt_tokens(request))
-
-    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
-        """The prompt's token ids as the engine will see them (the chat template and the
-        tools included); nothing is queued. Blocks and raises as ``count_prompt_tokens``,
-        and ``InvalidArgument`` for an engine that has no vocabulary here (remote)."""
-        tokens = self.prompt_token_ids_here(request)
-        if tokens is None:
-            raise InvalidArgument(
-                f"return_token_ids is not supported by the {self.name} engine",
-                param="return_token_ids",
-            )
-        return tokens
-
-    def prompt_token_ids_here(
-        self, request: GenerationRequest, *, keep: bool = False
-    ) -> list[int] | None:
-        """As ``prompt_token_ids``, or None where the engine has no vocabulary here (a
-        remote engine: its upstream tokenizes). With ``keep``, the engine keeps them for
-        ``request``: submitted next, it is not tokenized again."""
-
-        def token_ids(engine: Engine) -> list[int] | None:
-            tokenize = getattr(engine, "tokenize_request", None)
-            if tokenize is None:
-                return None
-            tokens = list(tokenize(request))
-            remember = getattr(engine, "remember_prompt_tokens", None)
-            if keep and remember is not None:
-                remember(request, tokens)
-            return tokens
-
-        return self._on_engine(token_ids)
 
     def _on_engine(self, use: Callable[[Engine], _T]) -> _T:
         """``use(engine)`` on the loaded model (loading it if it was unloaded for being

@@ -1,25 +1,39 @@
-"""Chat: a model's one-off streams (``ChatCalls``, the chat surface of ``Model``) and
-sessions, a conversation kept across turns, with sync and async sending."""
+"""Chat: the chat surface of ``Model`` (``ChatCalls``: a request submitted, its prompt's
+tokens, one-off streams) and sessions (``ChatSession``), a conversation kept across
+turns, with sync and async sending."""
 
 from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import IllegalState, InvalidArgument
-from ..belt import Limits
-from ..engines import GenerationRequest, Message, sampling_from
+from ..belt import Belt, Limits
+from ..engines import Engine, GenerationRequest, Message, sampling_from
+from ._keepalive import RequestKeepAlive
 from ._stream import Reply, Stream
 from ._structured import Structure, render_messages, structure, tools_json
 
 if TYPE_CHECKING:
     from ._model import Model
 
+#: what a model of a catalog ``kind`` other than chat is, and what it serves instead
+_NOT_CHAT = {"embedding": ("an embedding model", "embeddings"), "rerank": ("a reranker", "rerank")}
+
+_T = TypeVar("_T")
+
 
 class ChatCalls:
-    """The chat surface of ``Model`` over its ``submit`` and what its template renders."""
+    """The chat surface of ``Model``: ``submit`` (a chat model's generation requests),
+    the prompt's tokens and their count, and one-off streams (``stream``, ``complete``).
+    It stands on what the template renders and, as ``EmbeddingCalls`` does, on the two
+    ways the model uses its loaded engine: ``_on_engine`` (use it now, queueing nothing)
+    and ``_queue`` (queue a request through the admission queue)."""
+
+    name: str
+    info: dict[str, Any]
 
     @property
     def tool_format(self) -> str:
@@ -29,15 +43,110 @@ class ChatCalls:
     def template_tools(self) -> bool:
         raise NotImplementedError
 
+    def keep_alive_for_request(self, keep_alive: RequestKeepAlive) -> None:
+        raise NotImplementedError
+
+    def _on_engine(self, use: Callable[[Engine], _T]) -> _T:
+        raise NotImplementedError
+
+    def _queue(
+        self,
+        prepare: Callable[[Engine], tuple[Any, int]],
+        open_stream: Callable[[Any, Belt[Any]], _T],
+        limits: Limits | None,
+        capacity: int | None,
+        request_id: str | None,
+    ) -> _T:
+        raise NotImplementedError
+
     def submit(
         self,
         request: GenerationRequest,
         *,
         limits: Limits | None = None,
         capacity: int | None = None,
+        request_id: str | None = None,
+        on_complete: Callable[[Stream], None] | None = None,
         structure: Structure | None = None,
+        keep_alive: RequestKeepAlive = "default",
+        dropped_messages: int = 0,
     ) -> Stream:
-        raise NotImplementedError
+        """Queue ``request`` and return its ``Stream`` at once.
+
+        ``keep_alive`` is this request's own: the seconds the model stays loaded once
+        idle after it (``None``: for ever; ``0``: unloaded then), unless a later request
+        brings its own; ``"default"`` is the model's ``keep_alive``. ``dropped_messages``:
+        how many of a chat's oldest messages the caller left out so that it fits the
+        context window (its trace says so).
+
+        Blocks only while the model is reloaded after an idle unload (by this call or
+        another's; waiting at most the request's first-token or total limit, then
+        ``ModelLoading``). Raises ``PromptTooLong`` (before queueing), ``QueueFull`` when the
+        admission queue is full (the trace ends ``rejected``), ``RuntimeClosed``.
+        Deadlines in ``limits`` count from now (enqueue). A model whose catalog entry
+        says it is an ``embedding`` or ``rerank`` model refuses (``InvalidArgument``).
+        """
+        kind = self.info.get("kind", "chat")
+        if kind != "chat":
+            what, use = _NOT_CHAT.get(kind, ("a reranker", "rerank"))
+            raise InvalidArgument(
+                f"model {self.name} is {what}: it does not generate text (use {use})",
+                param="model",
+            )
+        self.keep_alive_for_request(keep_alive)
+
+        def open_stream(_: GenerationRequest, belt: Belt[Any]) -> Stream:
+            belt.trace.dropped_messages = dropped_messages
+            return Stream(belt, on_complete=on_complete, structure=structure)
+
+        return self._queue(
+            lambda engine: (request, engine.count_prompt_tokens(request)),
+            open_stream,
+            limits,
+            capacity,
+            request_id,
+        )
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """The prompt tokens ``request`` would have if it were submitted now (its trace's
+        ``prompt_tokens``): the chat template and the tools included; nothing is queued.
+
+        Blocks to tokenize, and to reload a model unloaded for being idle (the
+        keep-alive counts again from here). Raises as ``submit`` does before queueing
+        (``PromptTooLong``, ``InvalidArgument``, ``ModelLoading``, ``RuntimeClosed``).
+        """
+        return self._on_engine(lambda engine: engine.count_prompt_tokens(request))
+
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The prompt's token ids as the engine will see them (the chat template and the
+        tools included); nothing is queued. Blocks and raises as ``count_prompt_tokens``,
+        and ``InvalidArgument`` for an engine that has no vocabulary here (remote)."""
+        tokens = self.prompt_token_ids_here(request)
+        if tokens is None:
+            raise InvalidArgument(
+                f"return_token_ids is not supported by the {self.name} engine",
+                param="return_token_ids",
+            )
+        return tokens
+
+    def prompt_token_ids_here(
+        self, request: GenerationRequest, *, keep: bool = False
+    ) -> list[int] | None:
+        """As ``prompt_token_ids``, or None where the engine has no vocabulary here (a
+        remote engine: its upstream tokenizes). With ``keep``, the engine keeps them for
+        ``request``: submitted next, it is not tokenized again."""
+
+        def token_ids(engine: Engine) -> list[int] | None:
+            tokenize = getattr(engine, "tokenize_request", None)
+            if tokenize is None:
+                return None
+            tokens = list(tokenize(request))
+            remember = getattr(engine, "remember_prompt_tokens", None)
+            if keep and remember is not None:
+                remember(request, tokens)
+            return tokens
+
+        return self._on_engine(token_ids)
 
     def stream(
         self,
