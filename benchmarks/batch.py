@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gap, prefill = gap_during_prefill(model)
         out["max_gap_during_prefill_ms"] = round(gap, 1)
         out["long_prefill_ms"] = round(prefill, 1)
-        out["prefill_chunk"] = engine.prefill_chunk
+        out["prefill_chunk"] = engine.config.prefill_chunk
         out["threads"] = engine.threads
     out["batch_ratio_4"] = round(out["tokenbelt_tok_s_4"] / out["bare_tok_s_4"], 3)
     out["batch_ratio_1"] = round(out["tokenbelt_tok_s_1"] / out["bare_tok_s_1"], 3)

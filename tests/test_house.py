@@ -70,8 +70,6 @@ RESPONSES_PLANS_WITH_OPENAI = (
 
 #: The one place the house's rules are excused: key (see the docstring) -> reason.
 EXCEPTIONS: dict[str, str] = {
-    "engines/llama/_batch.py": SPLITTING,
-    "runtime/_runtime.py": SPLITTING,
     "server/responses/_routes.py -> tokenbelt.server.openai._tools": RESPONSES_PLANS_WITH_OPENAI,
 }
 

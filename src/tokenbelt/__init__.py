@@ -6,13 +6,14 @@ The package is layered; lower layers never import higher ones:
 1. ``tokenbelt.belt``: the bounded channel, cancellation, deadlines, trace
 2. ``tokenbelt.engines``: what produces tokens, behind one producer contract:
 
-   - the batch engine, ``BatchEngine`` (package ``tokenbelt.engines.llama``): llama.cpp
-     serving many sequences from one context; its decode loop is
-     ``BatchEngine._step_once`` (admit, retire, build, decode, sample);
-   - the worker engine, ``WorkerEngine``: the batch engine in a process of its own, so
-     a native crash costs a restart, not the server; its pipe protocol is
-     ``tokenbelt/engines/worker/_messages.py``;
-   - ``RemoteEngine``: OpenAI-compatible upstreams; ``ScriptedEngine``: the test double
+    - the batch engine, ``BatchEngine`` (package ``tokenbelt.engines.llama``): llama.cpp
+      serving many sequences from one context, set up by one ``LlamaConfig``; its decode
+      loop is ``BatchEngine._step_once`` and ``Running.step`` (admit, retire, plan,
+      decode, sample);
+    - the worker engine, ``WorkerEngine``: the batch engine in a process of its own, so
+      a native crash costs a restart, not the server; its pipe protocol is
+      ``tokenbelt/engines/worker/_messages.py``;
+    - ``RemoteEngine``: OpenAI-compatible upstreams; ``ScriptedEngine``: the test double
 3. ``tokenbelt.models``: catalog, resolution, download cache, probe
 4. ``tokenbelt.runtime``: loaded models, slots, admission queue, sessions (the SDK)
 5. surfaces: ``tokenbelt.server`` (HTTP), ``tokenbelt.cli``
@@ -56,6 +57,7 @@ from .belt import BeltStatistics, EndReason, Limits, Trace, TraceEvent
 from .engines import (
     BatchEngine,
     GenerationRequest,
+    LlamaConfig,
     RemoteEngine,
     SamplingParams,
     ScriptedEngine,
@@ -104,6 +106,7 @@ __all__ = [
     "IntegrityError",
     "InvalidArgument",
     "Limits",
+    "LlamaConfig",
     "LoadTimeout",
     "Model",
     "ModelError",

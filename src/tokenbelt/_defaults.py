@@ -26,6 +26,8 @@ DEFAULT_QUEUE_SIZE = 16
 DEFAULT_DRAFT_TOKENS = 16
 #: the most prompt tokens a model's prefix cache keeps (its entries, in memory)
 DEFAULT_CACHE_TOKENS = 4096
+#: prefix-cache entries each model keeps when its cache is on
+DEFAULT_CACHE_ENTRIES = 8
 #: how much nicer (lower in priority) llama.cpp's decode threads run than the rest of the
 #: process, so the threads that deliver tokens (the HTTP loop, a worker's reader, the
 #: caller's) get a core at once instead of waiting out a decode thread's time slice:

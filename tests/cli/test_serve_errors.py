@@ -40,3 +40,11 @@ def test_an_unknown_flag_is_named_by_the_command_it_was_given_to() -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         "tokenbelt serve: error: unrecognized arguments: --prot"
     )
+
+
+def test_an_engine_setting_that_cannot_be_is_one_line_before_any_load() -> None:
+    done = serve(str(default_model_path()), "--kv-type", "q8_0", "--flash-attn", "off")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "tokenbelt: error: a q8_0 KV cache needs flash attention (not 'off')"
+    ], done.stderr

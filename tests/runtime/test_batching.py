@@ -411,15 +411,15 @@ def test_a_prompt_is_templated_and_tokenized_once(
 ) -> None:
     """The count before queueing (on the caller's thread) serves the admission too: the
     loop every stream waits on does not tokenize the same prompt again."""
-    engine = engine_of(model)
+    prompts = engine_of(model)._prompts  # where every prompt of the engine is made
     calls: list[int] = []
-    tokenize = engine.tokenize_request
+    tokenize = prompts.tokenize
 
     def counting(request: Any) -> list[int]:
         calls.append(1)
         return tokenize(request)
 
-    monkeypatch.setattr(engine, "tokenize_request", counting)
+    monkeypatch.setattr(prompts, "tokenize", counting)
     reply = model.stream(HELLO, max_tokens=2, **GREEDY).read()
     assert reply.end_reason.is_natural
     assert len(calls) == 1

@@ -279,8 +279,8 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
     """
     info = model.info
     device = info.get("device") or ("cpu" if not info.get("n_gpu_layers") else "gpu")
-    threads = info.get("threads") or runtime.n_threads or "auto"
-    threads_batch = info.get("threads_batch") or runtime.n_threads_batch
+    threads = info.get("threads") or runtime.engine.n_threads or "auto"
+    threads_batch = info.get("threads_batch") or runtime.engine.n_threads_batch
     threads_text = f"{threads} threads" + (
         f" ({threads_batch} for prompts)" if threads_batch and threads_batch != threads else ""
     )
@@ -296,7 +296,10 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
         f"file {info.get('path') or 'unknown'}",
     ]
     if info.get("isolation") == "process":
-        pid = getattr(model.engines[0], "pid", None) if model.engines else None
+        from ..engines import WorkerEngine
+
+        engine = model.engines[0] if model.engines else None
+        pid = engine.pid if isinstance(engine, WorkerEngine) else None
         parts.insert(1, f"in worker process {pid}" if pid else "in a worker process")
     if url is not None:
         parts.append(url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .._defaults import DEFAULT_MAX_TOKENS
 from .._heap import freeze_startup_heap
+from ..engines import LlamaConfig
 from ..runtime import DEFAULT_ALIAS
 from ._common import (
     Parser,
@@ -185,21 +187,23 @@ def _runtime(args: argparse.Namespace) -> Runtime:
         limits=limits,
         keep_alive=args.keep_alive or None,
         n_ctx=args.n_ctx,
-        force_n_ctx=args.force_n_ctx,
-        kv_type=args.kv_type,
-        draft=args.draft,
-        n_threads=args.threads,
-        n_threads_batch=args.threads_batch,
-        decode_nice=args.decode_nice,
-        prefill_chunk=args.prefill_chunk,
-        prefill_gap=args.prefill_gap,
         isolation=args.isolation,
         stop_grace=args.stop_grace,
         memory_budget=default_budget() if budget is None else budget or None,
-        prefix_cache_dir=_prefix_cache_dir(args),
-        prefix_cache_disk=args.prefix_cache_disk,
-        cache_tokens=args.cache_tokens,
+        engine=_engine(args),
     )
+
+
+def _engine(args: argparse.Namespace) -> LlamaConfig:
+    """The engine's configuration from the flags: every flag whose ``dest`` is a field of
+    ``LlamaConfig`` (a new engine setting needs its field and its flag, nothing here);
+    ``slots`` and ``n_ctx`` are the runtime's (each model's own at its load)."""
+    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"slots", "n_ctx"}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given["n_threads"] = args.threads
+    given["n_threads_batch"] = args.threads_batch
+    given["prefix_cache_dir"] = _prefix_cache_dir(args)
+    return LlamaConfig(**given)
 
 
 def _bind(config: uvicorn.Config, host: str, port: int) -> socket.socket:

@@ -14,7 +14,7 @@ from .._defaults import (
     SERVE_SLOTS,
     SERVE_TOTAL_TIMEOUT_S,
 )
-from ..engines import DEFAULT_PREFIX_CACHE_DISK, DRAFT_MODES, KV_TYPES
+from ..engines import DEFAULT_PREFIX_CACHE_DISK, DRAFT_MODES, FLASH_ATTN, KV_TYPES
 from ..runtime import DEFAULT_ALIAS, DEFAULT_SHARE
 from ._common import (
     byte_size,
@@ -210,6 +210,15 @@ def _add_context_options(p: argparse.ArgumentParser) -> None:
         help="the KV cache's element type: f16 or q8_0 (about half the cache's memory; "
         "turns on llama.cpp's flash attention; greedy text then does not depend on what "
         "shares a request's steps; prompts are read slower) (default f16)",
+    )
+    p.add_argument(
+        "--flash-attn",
+        choices=FLASH_ATTN,
+        default=None,
+        metavar="MODE",
+        help="llama.cpp's flash attention: auto (on where the device has it, the CPU "
+        "included), on, or off (attention over every cell in use; only with an f16 KV "
+        "cache) (default auto)",
     )
     p.add_argument(
         "--draft",

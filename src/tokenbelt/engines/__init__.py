@@ -6,11 +6,13 @@
   protocol);
 - ``remote/``: another serving stack over HTTP;
 - ``_scripted.py``: the test double, on the same loop shape;
-- ``_request.py``: what a request asks for; ``_statistics.py``: what engines report.
+- ``_request.py``: what a request asks for; ``_statistics.py``: what engines report;
+- ``_factory.py``: ``build``, the one door from a configuration to a running engine.
 """
 
-from ._base import Engine, LoopEngine, OnExit, OnThreads, run_to_end
+from ._base import Engine, LoopEngine, OnExit, OnThreads, Reasoning, Tokenizes, run_to_end
 from ._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
+from ._factory import ISOLATIONS, build
 from ._request import (
     DRAFT_MODES,
     MAX_STOP,
@@ -44,12 +46,14 @@ from .llama import (
     CALL_ARGUMENTS,
     CALL_PREFIX,
     DEFAULT_PREFIX_CACHE_DISK,
+    FLASH_ATTN,
     KV_TYPES,
     TOOL_FORMATS,
     BatchEngine,
     GGUFHeader,
     GrammarCacheInfo,
     GrammarSampler,
+    LlamaConfig,
     LlamaEngine,
     amx_safe,
     call_arguments,
@@ -88,7 +92,9 @@ __all__ = [
     "DEFAULT_PREFIX_CACHE_DISK",
     "DEFAULT_STOP_GRACE",
     "DRAFT_MODES",
+    "FLASH_ATTN",
     "HEARTBEAT_BOUND_S",
+    "ISOLATIONS",
     "KV_TYPES",
     "MAX_STOP",
     "MAX_TOP_LOGPROBS",
@@ -112,16 +118,19 @@ __all__ = [
     "Grammar",
     "GrammarCacheInfo",
     "GrammarSampler",
+    "LlamaConfig",
     "LlamaEngine",
     "LoopEngine",
     "Message",
     "OnExit",
     "OnThreads",
     "Piece",
+    "Reasoning",
     "RemoteEngine",
     "SamplingParams",
     "ScriptedEngine",
     "TokenLogprob",
+    "Tokenizes",
     "Upstream",
     "UpstreamModel",
     "UpstreamPool",
@@ -130,6 +139,7 @@ __all__ = [
     "WorkerState",
     "WorkerStatistics",
     "amx_safe",
+    "build",
     "call_arguments",
     "chat_formatter",
     "check_decode_nice",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from .._errors import Cancelled, IllegalState
 from ..belt import EndReason, Producer, producing
@@ -33,6 +33,36 @@ from ._statistics import EngineStatistics
 #: what an engine calls once a request has ended, before its release (the scheduler
 #: frees the request's slot there)
 OnExit = Callable[[], None]
+
+
+class Reasoning(Protocol):
+    """A thinking model's reasoning markers, as an engine reports them (the llama
+    engines' ``ReasoningFormat``)."""
+
+    @property
+    def start(self) -> str:
+        """The marker that opens the reasoning phase."""
+        ...
+
+    @property
+    def end(self) -> str:
+        """The marker that ends it."""
+        ...
+
+
+@runtime_checkable
+class Tokenizes(Protocol):
+    """An engine whose vocabulary is in this process: a prompt's tokens can be made
+    here, before it queues (a remote engine's upstream tokenizes instead)."""
+
+    def tokenize_request(self, request: GenerationRequest) -> list[int]:
+        """The prompt's tokens, as the engine will compute them (blocking, cheap)."""
+        ...
+
+    def remember_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Keep ``tokens``, just made by ``tokenize_request``, for ``request``'s count and
+        start, so it is not tokenized again."""
+        ...
 
 
 @runtime_checkable
@@ -49,9 +79,11 @@ class LoopEngine(Protocol):
     template_tools: bool
     #: the tool-call family its chat template is written for (``TOOL_FORMATS``)
     tool_format: str
-    #: a thinking model's reasoning markers (the llama engines' ``ReasoningFormat``),
-    #: None for a model whose replies have no reasoning phase
-    reasoning: Any
+
+    #: a thinking model's reasoning markers, None for a model whose replies have no
+    #: reasoning phase
+    @property
+    def reasoning(self) -> Reasoning | None: ...
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Tokenise the request's prompt; raises ``PromptTooLong`` if it cannot fit.
@@ -108,7 +140,7 @@ class OnThreads:
     name: str
     slots = 1
     #: a thread engine's replies have no reasoning phase unless it says so
-    reasoning: Any = None
+    reasoning: Reasoning | None = None
 
     def __init__(self) -> None:
         self._threads_lock = threading.Lock()

@@ -11,12 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .._defaults import (
-    DEFAULT_CACHE_TOKENS,
+    DEFAULT_CACHE_ENTRIES,
     DEFAULT_CAPACITY,
-    DEFAULT_DECODE_NICE,
-    DEFAULT_DRAFT_TOKENS,
     DEFAULT_N_CTX,
-    DEFAULT_PREFILL_GAP,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_SLOTS,
 )
@@ -32,26 +29,20 @@ from ..belt import (
     DeadlineTimer,
     Limits,
     Observer,
-    check,
     check_capacity,
     check_duration,
     check_keep_alive,
 )
 from ..engines import (
-    DEFAULT_PREFIX_CACHE_DISK,
     DEFAULT_STOP_GRACE,
-    KV_TYPES,
-    BatchEngine,
+    ISOLATIONS,
     Engine,
+    LlamaConfig,
     RemoteEngine,
     Upstream,
     UpstreamModel,
     UpstreamPool,
-    WorkerEngine,
-    check_decode_nice,
-    check_disk_budget,
-    check_draft,
-    check_threads,
+    build,
     default_threads,
     list_models,
 )
@@ -60,9 +51,6 @@ from ._memory import MemoryBudget, estimate
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
-
-#: where a loaded model runs: in this process, or in a worker process of its own
-ISOLATIONS = ("thread", "process")
 
 #: the smallest context a sequence may have: a chat template, a short turn and a reply
 MIN_N_CTX = int(RANGES["n_ctx"].low)
@@ -104,39 +92,18 @@ class Runtime:
     bounded admission queue),
     ``capacity`` (belt length: how far generation may run ahead of a reader),
     ``limits`` (deadlines) and ``keep_alive`` (seconds idle before a model is
-    unloaded; ``None`` keeps it). ``n_threads`` and ``n_threads_batch`` are
-    llama.cpp's decode and prompt thread counts (``None``: every core this process
-    may use, for both). ``prefill_gap`` is how long (seconds) one batched step's
-    prompt tokens may take while other sequences decode, by the engine's own timing,
-    and ``prefill_chunk`` the fewest prompt tokens such a step takes (smaller: smoother
-    running streams, a later first token for a long new prompt; ``prefill_gap=0``:
-    exactly ``prefill_chunk`` tokens). ``n_ctx`` is at least ``MIN_N_CTX`` (room for
-    a chat template and a short turn) and at most what the model was trained on, unless
-    ``force_n_ctx``; not given, it is ``DEFAULT_N_CTX`` (4096) or what each model was
-    trained on, whichever is less. ``kv_type`` is the KV cache's element type: ``"f16"`` or
-    ``"q8_0"`` (about half the cache's memory; it turns on llama.cpp's flash
-    attention, which q8_0 values need; greedy text is then the same whatever shares a
-    request's steps: alone, batched, drafted or from the prefix cache).
-    ``prefix_cache=False`` computes every prompt in full instead of reusing the KV cells
-    of an earlier or running one with the same start, so a prompt's arithmetic depends
-    only on its batch, not on what ran before.
-    ``cache_tokens`` is the most prompt tokens each model's prefix cache keeps (8
-    entries, in memory: about as much as that many KV cells; a longer prompt keeps its
-    first ``cache_tokens``).
-    ``prefix_cache_dir`` (None: off, nothing is written) keeps a model's prefix cache
-    across an unload: it is written there when the model unloads, within
-    ``prefix_cache_disk`` bytes for all models together (default 1 GiB), and read back
-    when the same model file loads again with the same ``kv_type``.
-    ``draft="lookup"`` turns prompt-lookup drafting on for every request that does not
-    choose (``draft=`` on a request): a step verifies tokens taken from the sequence's
-    own earlier text, which speeds up replies that copy it (an edit, a quote, code);
-    each request measures whether it pays and stops drafting when it does not. The text
-    is the same either way (``"off"``, the default, never drafts); ``draft_tokens`` is
-    the longest draft verified in one step.
-    ``decode_nice`` (0 to 19, Linux only; default ``DEFAULT_DECODE_NICE``, 10 on Linux)
-    is how much nicer than the rest of this process (a worker: than its parent) each
-    model's decode threads run, so the thread that delivers a token gets a core at once
-    on a machine the decode keeps busy; 0 runs them at this process's priority.
+    unloaded; ``None`` keeps it). ``n_ctx`` is at least ``MIN_N_CTX`` (room for a
+    chat template and a short turn) and at most what the model was trained on, unless
+    the engine's ``force_n_ctx``; not given, it is ``DEFAULT_N_CTX`` (4096) or what each
+    model was trained on, whichever is less.
+    ``engine`` is how each model runs: a ``LlamaConfig`` (threads, prompt chunking, the
+    prefix cache in memory and on disk, the KV cache's type, drafting, ``decode_nice``;
+    its docstring says what each does), or its fields as keywords
+    (``Runtime(kv_type="q8_0", draft="lookup")``), over ``engine`` or the defaults. Each
+    load fills in the model's own ``slots``, ``n_ctx``, name and pooling.
+    ``prefix_cache=False`` (``cache_entries=0``) computes every prompt in full instead of
+    reusing the KV cells of an earlier or running one with the same start, so a prompt's
+    arithmetic depends only on its batch, not on what ran before.
     ``isolation`` says where a loaded model runs: ``"thread"`` (in this process, the
     cheapest path) or ``"process"`` (a worker process per model: a native crash ends
     that model's running requests with ``runtime_error`` instead of this process, the
@@ -157,23 +124,13 @@ class Runtime:
         limits: Limits | None = None,
         keep_alive: float | None = 300.0,
         n_ctx: int | None = None,
-        n_threads: int | None = None,
-        n_threads_batch: int | None = None,
-        prefill_chunk: int = 128,
-        prefill_gap: float = DEFAULT_PREFILL_GAP,
-        prefix_cache: bool = True,
         isolation: str = "thread",
         stop_grace: float = DEFAULT_STOP_GRACE,
-        force_n_ctx: bool = False,
-        kv_type: str = "f16",
         observers: Sequence[Observer] = (),
         memory_budget: int | None = None,
-        prefix_cache_dir: str | Path | None = None,
-        prefix_cache_disk: int = DEFAULT_PREFIX_CACHE_DISK,
-        draft: str = "off",
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-        cache_tokens: int = DEFAULT_CACHE_TOKENS,
-        decode_nice: int = DEFAULT_DECODE_NICE,
+        engine: LlamaConfig | None = None,
+        prefix_cache: bool | None = None,
+        **engine_options: Any,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise InvalidArgument(
@@ -187,30 +144,11 @@ class Runtime:
         #: each request's context; given (not the default), a model trained on less refuses it
         self.n_ctx = check_n_ctx(n_ctx) if n_ctx is not None else DEFAULT_N_CTX
         self._n_ctx_given = n_ctx is not None
-        #: load with an ``n_ctx`` past what the model was trained on
-        self.force_n_ctx = force_n_ctx
-        if kv_type not in KV_TYPES:
-            raise InvalidArgument(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
-        #: the KV cache's element type of every model it loads (``KV_TYPES``)
-        self.kv_type = kv_type
-        check_draft(draft)
-        #: prompt-lookup drafting for every request that does not choose (``DRAFT_MODES``)
-        self.draft = draft
-        #: the longest draft one sequence verifies in a step
-        self.draft_tokens = int(check("draft_tokens", draft_tokens))
-        #: the most prompt tokens each model's prefix cache keeps
-        self.cache_tokens = int(check("cache_tokens", cache_tokens))
-        #: how much nicer than the rest of the process each model's decode threads run
-        self.decode_nice = check_decode_nice(decode_nice)
-        self.n_threads = check_threads("n_threads", n_threads)
-        self.n_threads_batch = check_threads("n_threads_batch", n_threads_batch)
+        if prefix_cache is not None:
+            engine_options["cache_entries"] = DEFAULT_CACHE_ENTRIES if prefix_cache else 0
+        #: how every model it loads runs (each load sets its slots, context and name)
+        self.engine = LlamaConfig.of(engine, **engine_options)
         self._observers: list[Observer] = list(observers)
-        self.prefill_chunk = check_capacity(prefill_chunk, name="prefill_chunk")
-        self.prefill_gap = float(check_duration("prefill_gap", prefill_gap) or 0.0)
-        self.prefix_cache = prefix_cache
-        #: where prefix caches outlive an unload (None: they do not), within this many bytes
-        self.prefix_cache_dir = Path(prefix_cache_dir) if prefix_cache_dir is not None else None
-        self.prefix_cache_disk = check_disk_budget(prefix_cache_disk)
         self.isolation = isolation
         grace = check_duration("stop_grace", stop_grace, allow_zero=False)
         if grace is None:
@@ -441,65 +379,52 @@ class Runtime:
         name = self.name_for(alias)
         info = self._describe(alias, device)
 
-        threads, threads_batch = default_threads()
         if n_ctx is not None:
             n_ctx = check_n_ctx(n_ctx)
         elif self._n_ctx_given:
             n_ctx = self.n_ctx
         n_ctx = context_for(n_ctx, info.get("context_length"), info.get("kind", "chat"))
+        config = LlamaConfig.of(
+            self.engine,
+            slots=n_slots,
+            n_ctx=n_ctx,
+            name=name,
+            n_gpu_layers=info.get("n_gpu_layers", 0),
+            pooling=info.get("pooling"),
+        )
+        threads, threads_batch = default_threads()
         info.update(
             slots=n_slots,
             n_ctx_per_seq=n_ctx,
-            threads=self.n_threads or threads,
-            threads_batch=self.n_threads_batch or threads_batch,
-            prefill_chunk=self.prefill_chunk,
-            prefill_gap=self.prefill_gap,
-            kv_type=self.kv_type,
-            decode_nice=self.decode_nice,
+            threads=config.n_threads or threads,
+            threads_batch=config.n_threads_batch or threads_batch,
+            prefill_chunk=config.prefill_chunk,
+            prefill_gap=config.prefill_gap,
+            kv_type=config.kv_type,
+            decode_nice=config.decode_nice,
+            isolation=self.isolation,
         )
-
-        info["isolation"] = self.isolation
-        options_of_engine: dict[str, Any] = {
-            "slots": n_slots,
-            "n_ctx": n_ctx,
-            "n_threads": self.n_threads,
-            "n_threads_batch": self.n_threads_batch,
-            "n_gpu_layers": info.get("n_gpu_layers", 0),
-            "prefill_chunk": self.prefill_chunk,
-            "prefill_gap": self.prefill_gap,
-            "cache_entries": 8 if self.prefix_cache else 0,
-            "cache_tokens": self.cache_tokens,
-            "name": name,
-            "force_n_ctx": self.force_n_ctx,
-            "kv_type": self.kv_type,
-            "pooling": info.get("pooling"),
-            "prefix_cache_dir": self.prefix_cache_dir,
-            "prefix_cache_disk": self.prefix_cache_disk,
-            "draft": self.draft,
-            "draft_tokens": self.draft_tokens,
-            "decode_nice": self.decode_nice,
-        }
-
-        def build(path: Path) -> Engine:
-            if self.isolation == "process":
-                return WorkerEngine.load(
-                    path, load_timeout=timeout, stop_grace=self.stop_grace, **options_of_engine
-                )
-            return BatchEngine.load(path, load_timeout=timeout, **options_of_engine)
 
         def factory() -> list[Engine]:
             path, resolved = self._resolve(alias, device, progress)  # may download
             info.update(resolved)
-            cells = self.cache_tokens if options_of_engine["cache_entries"] else 0
+            cells = config.cache_tokens if config.prefix_cache else 0
             need = estimate(
-                path, slots=n_slots, n_ctx=n_ctx, cache_tokens=cells, kv_type=self.kv_type
+                path, slots=n_slots, n_ctx=n_ctx, cache_tokens=cells, kv_type=config.kv_type
             )
             # Plain numbers (the info is JSON in /v1/models): ``Model.memory()`` reads them.
             info["memory_estimate"] = need.parts()
             # One load at a time counts the room left, and takes it.
             with self.budget.lock:
                 self.budget.make_room(name, need, self.models.values())
-                return [build(path)]
+                engine = build(
+                    path,
+                    config,
+                    isolation=self.isolation,
+                    load_timeout=timeout,
+                    stop_grace=self.stop_grace,
+                )
+                return [engine]
 
         model = self._register(
             name,

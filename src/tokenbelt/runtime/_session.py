@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import IllegalState, InvalidArgument
 from ..belt import Belt, Limits
-from ..engines import Engine, GenerationRequest, Message, sampling_from
+from ..engines import Engine, GenerationRequest, Message, Tokenizes, sampling_from
 from ._keepalive import RequestKeepAlive
 from ._stream import Reply, Stream
 from ._structured import Structure, render_messages, structure, tools_json
@@ -137,13 +137,11 @@ class ChatCalls:
         ``request``: submitted next, it is not tokenized again."""
 
         def token_ids(engine: Engine) -> list[int] | None:
-            tokenize = getattr(engine, "tokenize_request", None)
-            if tokenize is None:
+            if not isinstance(engine, Tokenizes):
                 return None
-            tokens = list(tokenize(request))
-            remember = getattr(engine, "remember_prompt_tokens", None)
-            if keep and remember is not None:
-                remember(request, tokens)
+            tokens = list(engine.tokenize_request(request))
+            if keep:
+                engine.remember_prompt_tokens(request, tokens)
             return tokens
 
         return self._on_engine(token_ids)

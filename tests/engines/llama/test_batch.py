@@ -316,7 +316,7 @@ def test_a_stop_in_a_long_step_beside_another_stream_aborts_that_step() -> None:
         slow.clear()
         lag = stopped.trace.cancel_to_release
         assert lag is not None
-        assert lag < batch.stop_abort_after + 0.5, f"released {lag:.3f} s after its stop"
+        assert lag < batch.config.stop_abort_after + 0.5, f"released {lag:.3f} s after its stop"
         assert batch.statistics().stop_aborted_steps >= 1
         pieces = list(beside)  # a token each
         assert beside.end_reason is EndReason.LENGTH

@@ -50,8 +50,8 @@ def test_the_engine_thread_and_llama_cpps_threads_run_nicer_the_rest_do_not() ->
         assert engine._thread.native_id is not None
         assert now[engine._thread.native_id] == min(19, base + 7)
         # The stop watcher takes a stop while a step runs: it keeps the caller's priority.
-        assert engine._watcher.native_id is not None
-        assert now[engine._watcher.native_id] == base
+        assert engine._inflight.thread.native_id is not None
+        assert now[engine._inflight.thread.native_id] == base
         # The engine thread and the OpenMP thread it started for 2-thread steps.
         lowered = [tid for tid, nice in new.items() if nice == min(19, base + 7)]
         assert len(lowered) >= 2, new

@@ -234,4 +234,4 @@ def test_a_forced_end_leaves_the_answers_first_word_as_the_next_token(
     assert fmt.end_text == "</think>\n\n"
     # The tokens forced are the marker and the template's two newlines: decoded together,
     # they let the next sampled token start the answer itself.
-    assert thinker._detokenize(list(fmt.end_tokens)) == "</think>\n\n"
+    assert thinker._words.detokenize(list(fmt.end_tokens)) == "</think>\n\n"

@@ -2,8 +2,9 @@
 lands inside a step), its grammar sampler, thread tuning and loading, the native helpers
 they share, and the single-sequence baseline the benchmarks measure against."""
 
-from ._batch import KV_TYPES, BatchEngine, KeptPrompts, check_fits, check_request
+from ._batch import BatchEngine
 from ._binding import amx_safe, model_params, quiet_native_logs
+from ._config import FLASH_ATTN, KV_TYPES, LlamaConfig
 from ._embed import (
     MAX_EMBED_TOKENS,
     check_inputs,
@@ -38,7 +39,9 @@ from ._native import (
     tool_format,
 )
 from ._persist import DEFAULT_PREFIX_CACHE_DISK, check_disk_budget
+from ._prompts import KeptPrompts, check_fits
 from ._reasoning import ReasoningFormat, detect_reasoning, template_options
+from ._sampling import check_request
 from ._single import LlamaEngine
 from ._threads import (
     check_decode_nice,
@@ -51,6 +54,7 @@ __all__ = [
     "CALL_ARGUMENTS",
     "CALL_PREFIX",
     "DEFAULT_PREFIX_CACHE_DISK",
+    "FLASH_ATTN",
     "KV_TYPES",
     "MAX_EMBED_TOKENS",
     "TOOL_FORMATS",
@@ -59,6 +63,7 @@ __all__ = [
     "GrammarCacheInfo",
     "GrammarSampler",
     "KeptPrompts",
+    "LlamaConfig",
     "LlamaEngine",
     "ReasoningFormat",
     "amx_safe",

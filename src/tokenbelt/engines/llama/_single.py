@@ -125,6 +125,9 @@ class LlamaEngine(OnThreads):
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
         return prompt_tokens(self._llm._model, self._formatter, request, self.name)
 
+    def remember_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
+        """Nothing is kept: this baseline tokenizes each prompt again when it starts."""
+
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         refuse(request.sampling, "single-context llama.cpp", *_UNSUPPORTED)
         refuse_grammar(request, "the single-context llama.cpp engine")

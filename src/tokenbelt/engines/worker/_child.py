@@ -2,9 +2,9 @@
 
 Started by ``WorkerEngine`` as ``python -m tokenbelt.engines.worker._child FD``, where
 ``FD`` is this end of a socket pair. The first message (``Load``) names the model file
-and the engine's options; the worker loads it, answers ``Ready`` (or ``LoadError``) and
-then serves messages until the parent says ``Close`` or goes away (end of file). The
-messages are the records of ``_messages.py``.
+and the engine's configuration (``LlamaConfig``); the worker loads it, answers ``Ready``
+(or ``LoadError``) and then serves messages until the parent says ``Close`` or goes away
+(end of file). The messages are the records of ``_messages.py``.
 
 The batch engine runs here unchanged: each request gets a ``_Forward`` producer, which
 sends everything the engine does to the request (admit, counts, items, the end, the
@@ -439,7 +439,7 @@ def main(argv: list[str]) -> int:
     if not isinstance(load, Load):
         return 1
     try:
-        engine = BatchEngine(load.path, **load.options)
+        engine = BatchEngine(load.path, load.config)
     except TokenbeltError as exc:
         link.send(LoadError(str(exc)))
         return 1

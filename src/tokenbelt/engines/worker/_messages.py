@@ -35,16 +35,17 @@ from typing import Any, cast
 from ...belt import EndReason
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics
+from ..llama import LlamaConfig
 
 # -- parent to worker ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Load the model file ``path`` with the batch engine's ``options``."""
+    """Load the model file ``path`` with the batch engine's configuration."""
 
     path: str
-    options: dict[str, Any]
+    config: LlamaConfig
     #: a test-only crash point for this worker ("prefill", "decode"), or None
     crash_point: str | None
 

@@ -47,12 +47,12 @@ from ..._errors import (
     ModelLoadError,
     WorkerCrashed,
 )
-from ...belt import EndReason, Producer, check_capacity, check_duration
+from ...belt import EndReason, Producer, check_duration
 from .._base import OnExit, run_to_end
 from .._embedding import EmbeddingInfo, EmbeddingRequest
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
-from ..llama import check_fits, check_gguf_file, check_inputs, check_pooling
+from ..llama import LlamaConfig, check_fits, check_gguf_file, check_inputs, check_pooling
 from . import _messages as msg
 from ._jobs import Job
 from ._process import Process, describe_exit, spawn
@@ -83,21 +83,23 @@ class WorkerEngine:
     def __init__(
         self,
         model_path: str | Path,
+        config: LlamaConfig | None = None,
         *,
-        slots: int = 4,
-        n_ctx: int = 4096,
         stop_grace: float = DEFAULT_STOP_GRACE,
         load_timeout: float | None = None,
         max_load_crashes: int = 3,
-        name: str | None = None,
         **options: Any,
     ) -> None:
+        if options or config is None:
+            config = LlamaConfig.of(config, **options)
         path = check_gguf_file(model_path)
-        check_pooling(options.get("pooling"), path)
+        check_pooling(config.pooling, path)
         self.model_path = path
-        self.name = name or path.stem
-        self.slots = check_capacity(slots, name="slots")  # llama.cpp's sequence limit
-        self.context_length = n_ctx
+        self.name = config.name or path.stem
+        #: what the worker's ``BatchEngine`` is made with (sent whole in ``Load``)
+        self.config = dataclasses.replace(config, name=self.name)
+        self.slots = config.slots  # llama.cpp's sequence limit
+        self.context_length = config.n_ctx
         grace = check_duration("stop_grace", stop_grace, allow_zero=False)
         if grace is None:
             raise InvalidArgument("stop_grace must be a number of seconds, got None")
@@ -106,8 +108,6 @@ class WorkerEngine:
         self._watch = Supervision(
             stop_grace=grace, load_timeout=load_timeout, max_load_crashes=max_load_crashes
         )
-        self._options: dict[str, Any] = {"slots": self.slots, "n_ctx": n_ctx, **options}
-        self._options["name"] = self.name
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._jobs: dict[int, Job] = {}
@@ -118,9 +118,7 @@ class WorkerEngine:
         self._stats: BatchStatistics | None = None
         self._numbers = itertools.count(1)
         self._current: Process
-        self._prompts = PromptTokens(
-            self.model_path, self.name, reasoning=bool(options.get("reasoning", True))
-        )
+        self._prompts = PromptTokens(self.model_path, self.name, reasoning=config.reasoning)
         self._embedding: EmbeddingInfo | None = None
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = self._prompts.template_tools
@@ -158,10 +156,15 @@ class WorkerEngine:
 
     @classmethod
     def load(
-        cls, model_path: str | Path, *, load_timeout: float | None = None, **options: Any
+        cls,
+        model_path: str | Path,
+        config: LlamaConfig | None = None,
+        *,
+        load_timeout: float | None = None,
+        **options: Any,
     ) -> WorkerEngine:
         """Start a worker and wait until it has loaded the model (``load_timeout``)."""
-        return cls(model_path, load_timeout=load_timeout, **options)
+        return cls(model_path, config, load_timeout=load_timeout, **options)
 
     # -- the parent's own view of the model --------------------------------------------------
 
@@ -190,7 +193,7 @@ class WorkerEngine:
     def embedding_info(self) -> EmbeddingInfo:
         """The model's embeddings as the worker's engine makes them (from the metadata)."""
         if self._embedding is None:
-            pooling = self._options.get("pooling")
+            pooling = self.config.pooling
             self._embedding = self._prompts.embedding_info(pooling, self.context_length)
         return self._embedding
 
@@ -204,7 +207,7 @@ class WorkerEngine:
 
     def _spawn(self, crash_point: str | None = None) -> Process:
         """Start a worker process and send it the model to load; does not wait."""
-        w = spawn(next(self._numbers), msg.Load(str(self.model_path), self._options, crash_point))
+        w = spawn(next(self._numbers), msg.Load(str(self.model_path), self.config, crash_point))
         self._watch.spawned(w)
         with self._cond:
             closed = self._closed
