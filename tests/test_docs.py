@@ -68,3 +68,28 @@ def test_the_readme_stays_short() -> None:
     # the README is the front door; the manual is the site
     lines = (ROOT / "README.md").read_text("utf-8").count("\n")
     assert lines < 150, f"README.md has {lines} lines; move the detail to a page under docs/"
+
+
+def test_where_to_look_first_names_real_places() -> None:
+    # Each row's files exist, and each ``Class.method`` or name it gives is defined in one
+    # of the row's files: a rename or a move that leaves the map behind fails here.
+    text = (ROOT / "README.md").read_text("utf-8")
+    table = text.split("[start:where-to-look]")[1].split("[end:where-to-look]")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) >= 8
+    missing = []
+    for row in rows:
+        spans = re.findall(r"`([^`]+)`", row)
+        files = [ROOT / s for s in spans if s.startswith("src/")]
+        assert files, f"a row names no file under src/: {row}"
+        for path in files:
+            if not path.exists():
+                missing.append(str(path.relative_to(ROOT)))
+        sources = "\n".join(p.read_text("utf-8") for p in files if p.is_file())
+        for span in spans:
+            if span.startswith("src/") or span.endswith("/") or "(" in span or " " in span:
+                continue
+            for part in span.split("."):
+                if not re.search(rf"\b(class|def) {re.escape(part)}\b", sources):
+                    missing.append(f"{span} (in {row.split('|')[1].strip()})")
+    assert not missing, f"README.md's where-to-look table names what is not there: {missing}"

@@ -62,7 +62,6 @@ FLOORS = {
 #: Top-level modules on no floor: the SDK's face re-exports every floor; ``-m`` runs the CLI.
 OFF_THE_FLOORS = frozenset({"__init__", "__main__"})
 
-SPLITTING = "being split (the house issue)"
 RESPONSES_PLANS_WITH_OPENAI = (
     "docs/house.md: responses is OpenAI's second API and plans its requests with "
     "openai._tools (the same prompt, grammar and call parsing as /v1/chat/completions)"
