@@ -207,4 +207,4 @@ def test_the_prefill_gap_takes_a_delay_from_the_sdk_and_the_command_line(
         with pytest.raises(InvalidArgument, match="prefill_gap must be a number from 0"):
             _runtime(prefill_gap=value)
     with Runtime(prefill_gap=0) as runtime:
-        assert runtime.prefill_gap == 0.0
+        assert runtime.engine.prefill_gap == 0.0

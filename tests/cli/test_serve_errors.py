@@ -46,5 +46,6 @@ def test_an_engine_setting_that_cannot_be_is_one_line_before_any_load() -> None:
     done = serve(str(default_model_path()), "--kv-type", "q8_0", "--flash-attn", "off")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "tokenbelt: error: a q8_0 KV cache needs flash attention (not 'off')"
+        "tokenbelt: error: a q8_0 KV cache needs flash attention: flash_attn (--flash-attn) "
+        "'auto' or 'on', not 'off'"
     ], done.stderr

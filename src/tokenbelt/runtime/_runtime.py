@@ -84,6 +84,21 @@ def check_n_ctx(value: int) -> int:
     return check_capacity(value, name="n_ctx")
 
 
+def _check_not_per_model(engine: LlamaConfig, slots: int, n_ctx: int) -> None:
+    """``slots`` and ``n_ctx`` are each model's own (``Runtime(slots=...)``,
+    ``load(slots=...)``): an engine configuration that sets them otherwise is refused,
+    not overridden in silence."""
+    default = LlamaConfig()
+    for field, own in (("slots", slots), ("n_ctx", n_ctx)):
+        given = getattr(engine, field)
+        if given not in (getattr(default, field), own):
+            raise InvalidArgument(
+                f"{field} is each model's own: give Runtime({field}=...) or "
+                f"load({field}=...), not LlamaConfig({field}={given})",
+                param=field,
+            )
+
+
 class Runtime:
     """Catalog, cache and loaded models; a context manager (sync and async).
 
@@ -146,8 +161,11 @@ class Runtime:
         self._n_ctx_given = n_ctx is not None
         if prefix_cache is not None:
             engine_options["cache_entries"] = DEFAULT_CACHE_ENTRIES if prefix_cache else 0
-        #: how every model it loads runs (each load sets its slots, context and name)
-        self.engine = LlamaConfig.of(engine, **engine_options)
+        if engine is not None:
+            _check_not_per_model(engine, self.slots, self.n_ctx)
+        #: how every model it loads runs (each load sets its own slots, context and name;
+        #: these are the runtime's defaults for them)
+        self.engine = LlamaConfig.of(engine, slots=self.slots, n_ctx=self.n_ctx, **engine_options)
         self._observers: list[Observer] = list(observers)
         self.isolation = isolation
         grace = check_duration("stop_grace", stop_grace, allow_zero=False)

@@ -73,12 +73,25 @@ def test_the_worker_receives_it_whole() -> None:
 
 def test_the_runtime_holds_one_from_its_keywords() -> None:
     with Runtime(kv_type="q8_0", prefix_cache=False, draft="lookup") as rt:
-        assert rt.engine == LlamaConfig(kv_type="q8_0", cache_entries=0, draft="lookup")
+        # slots and n_ctx: the runtime's own defaults for each model it loads
+        assert rt.engine == LlamaConfig(slots=1, kv_type="q8_0", cache_entries=0, draft="lookup")
     with pytest.raises(InvalidArgument, match="unknown engine option kv_cache"):
         Runtime(kv_cache="q8_0")
     given = LlamaConfig(prefill_chunk=64)
-    with Runtime(engine=given, decode_nice=0) as rt:
-        assert rt.engine == dataclasses.replace(given, decode_nice=0)
+    with Runtime(engine=given, decode_nice=0, slots=2) as rt:
+        assert rt.engine == dataclasses.replace(given, decode_nice=0, slots=2)
+
+
+def test_a_models_own_settings_in_the_engines_configuration_are_refused_not_dropped() -> None:
+    # Each load sets slots and n_ctx from Runtime(...) or load(...): a configuration that
+    # says otherwise would be overridden in silence.
+    with pytest.raises(InvalidArgument, match=r"give Runtime\(slots=\.\.\.\)") as refused:
+        Runtime(engine=LlamaConfig(slots=3))
+    assert refused.value.param == "slots"
+    with pytest.raises(InvalidArgument, match="n_ctx is each model's own"):
+        Runtime(engine=LlamaConfig(n_ctx=512))
+    with Runtime(slots=3, n_ctx=512, engine=LlamaConfig(slots=3, n_ctx=512)) as rt:
+        assert (rt.engine.slots, rt.engine.n_ctx) == (3, 512)
 
 
 def test_serves_flags_make_the_engines_configuration() -> None:

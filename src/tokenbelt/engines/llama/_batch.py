@@ -86,9 +86,6 @@ from ._threads import (
 
 logger = logging.getLogger("tokenbelt.engines.batch")
 
-#: at most this many other requests are named in one trace's ``batched_with``
-_MAX_PEERS = 32
-
 
 class BatchEngine:
     """One llama.cpp context serving up to ``slots`` requests at once, batched.
@@ -254,7 +251,7 @@ class BatchEngine:
             self._lib,
             name=self.name,
             context_length=self.context_length,
-            draft=config.draft,
+            config=config,
             prompts=self._prompts,
             words=self._words,
             cells=self._cells,

@@ -6,7 +6,10 @@ model's slots, context and name at its load), and a worker receives it whole acr
 pipe. It is checked once, when it is made; nothing downstream checks a field again.
 
 Adding a setting: a field here (with its check in ``__post_init__`` and a line in the
-docstring), the engine part that reads it, and its flag in ``cli/_serve.py``.
+docstring; a count's range is a row of ``belt/_ranges.py``, which the SDK's check, the
+CLI's argparse type and the HTTP schemas share), the engine part that reads it (every
+part is given the whole configuration or its own fields from it), and its flag in
+``cli/_serve_options.py`` (``dest`` the field's name: ``cli/_serve.py`` passes it on).
 """
 
 from __future__ import annotations
@@ -111,14 +114,20 @@ class LlamaConfig:
         check("cache_tokens", self.cache_tokens)
         if self.kv_type not in KV_TYPES:
             raise InvalidArgument(
-                f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}"
+                f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}",
+                param="kv_type",
             )
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidArgument(
-                f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}"
+                f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}",
+                param="flash_attn",
             )
         if self.flash_attn == "off" and self.kv_type != "f16":
-            raise InvalidArgument(f"a {self.kv_type} KV cache needs flash attention (not 'off')")
+            raise InvalidArgument(
+                f"a {self.kv_type} KV cache needs flash attention: flash_attn "
+                "(--flash-attn) 'auto' or 'on', not 'off'",
+                param="flash_attn",
+            )
         after = check_duration("stop_abort_after", self.stop_abort_after, allow_zero=True)
         object.__setattr__(self, "stop_abort_after", STOP_ABORT_AFTER_S if after is None else after)
         check_pooling(self.pooling)
@@ -137,7 +146,8 @@ class LlamaConfig:
         unknown = sorted(set(options) - known)
         if unknown:
             raise InvalidArgument(
-                f"unknown engine option {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+                f"unknown engine option {', '.join(unknown)} (known: {', '.join(sorted(known))})",
+                param=unknown[0],
             )
         return dataclasses.replace(base, **options) if base is not None else cls(**options)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..._errors import Cancelled, DecodeError
 from ...belt import DeadlineTimer, EndReason
+from ._config import LlamaConfig
 from ._draft import Lookup
 from ._grammar import GrammarSampler
 from ._inflight import StepInFlight
@@ -37,6 +38,19 @@ from ._step import NativeStep, Rows
 _MAX_PEERS = 32
 
 
+def note_peers(seqs: list[Sequence], most: int = _MAX_PEERS) -> None:
+    """Name in each trace's ``batched_with`` the other requests of a step, up to ``most``
+    names a trace (a long-lived stream beside many short ones stays bounded)."""
+    ids = [seq.producer.trace.request_id for seq in seqs]
+    for seq, own in zip(seqs, ids, strict=True):
+        peers = seq.producer.trace.batched_with
+        for other in ids:
+            if len(peers) >= most:
+                break
+            if other != own:
+                peers.add(other)
+
+
 class Running:
     """The admitted sequences and what a step does to them (module docstring)."""
 
@@ -46,7 +60,7 @@ class Running:
         *,
         name: str,
         context_length: int,
-        draft: str,
+        config: LlamaConfig,
         prompts: Prompts,
         words: Vocabulary,
         cells: PrefixCache,
@@ -60,7 +74,8 @@ class Running:
         self._lib = lib
         self._name = name
         self._context_length = context_length
-        self._draft = draft
+        #: the settings a step reads (drafting for requests that do not choose)
+        self._config = config
         self._prompts = prompts
         self._reasoning: ReasoningFormat | None = prompts.reasoning
         self._words = words
@@ -163,7 +178,7 @@ class Running:
                 seq.producer.fail(exc)
                 self.retire(seq, cache=False)
                 return
-        drafts = (seq.request.draft or self._draft) == "lookup"
+        drafts = (seq.request.draft or self._config.draft) == "lookup"
         if drafts and seq.grammar is None and seq.phases is None:
             seq.lookup = Lookup()
         # cache_prompt: false computes the whole prompt
@@ -245,11 +260,7 @@ class Running:
         if seqs == self._last_peers:
             return
         self._last_peers = seqs
-        ids = [seq.producer.trace.request_id for seq in seqs]
-        for seq, own in zip(seqs, ids, strict=True):
-            peers = seq.producer.trace.batched_with
-            if len(peers) < _MAX_PEERS:
-                peers.update(i for i in ids if i != own)
+        note_peers(seqs)
 
     def _recover(self, rows: Rows, ret: int) -> None:
         """After an aborted or failed step: every sequence goes on from where its KV ends."""
