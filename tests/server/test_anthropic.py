@@ -674,7 +674,7 @@ def test_a_final_assistant_turn_is_continued(client: anthropic.Anthropic, served
     request = GenerationRequest.chat(ask)
     continued = dataclasses.replace(request, continue_final=True)
     tokens = engine.tokenize_request(continued)
-    assert engine._detokenize(tokens).endswith(prefill)  # the turn left open
+    assert engine._words.detokenize(tokens).endswith(prefill)  # the turn left open
     assert len(tokens) < len(engine.tokenize_request(request))  # no end marker, no new turn
     reply = client.messages.create(
         model=name(served), max_tokens=8, messages=ask, extra_body=GREEDY
