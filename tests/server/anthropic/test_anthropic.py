@@ -20,7 +20,7 @@ import pytest
 import plainhttp
 from tokenbelt import EndReason, GenerationRequest
 
-from .conftest import (
+from ..conftest import (
     NET,
     Served,
     ServeFactory,
@@ -741,7 +741,8 @@ def test_an_output_format_that_cannot_be_kept_is_a_400_naming_it(
     assert served.recorder.events == []
 
 
-CLAUDE_CODE = json.loads((Path(__file__).parent / "fixtures/claude_code_messages.json").read_text())
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+CLAUDE_CODE = json.loads((FIXTURES / "claude_code_messages.json").read_text())
 #: two tools of the recording, with integer bounds (Read), a bound too long to spell out,
 #: annotations alone and a pattern (Workflow): ~1,100 prompt tokens; all 25 make ~7,300
 #: (their schemas are all planned in the test above)
