@@ -13,10 +13,13 @@ from tokenbelt import GenerationRequest, SamplingParams
 from tokenbelt.belt import Belt, EndReason
 from tokenbelt.engines.llama._draft import Lookup
 from tokenbelt.engines.llama._plan import (
+    FIRST_SHARED_TOKENS,
+    MAX_CREDIT_S,
     PROMPT_TIMED_TOKENS,
     Plan,
     StepCosts,
     StepPlan,
+    TimeShare,
     common_prefix,
     follows,
     retiring,
@@ -440,3 +443,41 @@ def test_retiring_caches_a_stopped_or_ended_sequence_but_not_a_failed_one() -> N
         (ended, True),
     ]
     assert retiring([running]) == []
+
+
+# -- embeddings' time share beside chat ----------------------------------------------------
+
+
+def test_without_chat_work_embeddings_take_a_whole_ubatch_and_lose_their_credit() -> None:
+    share = TimeShare()
+    share.budget(0.2, cap=128, whole=512)
+    assert share.credit == pytest.approx(0.2)
+    assert share.budget(None, cap=128, whole=512) == 512
+    assert share.credit == 0.0
+
+
+def test_the_first_shared_ubatch_is_small_until_a_cost_is_measured() -> None:
+    share = TimeShare()
+    assert share.budget(0.01, cap=128, whole=512) == FIRST_SHARED_TOKENS
+    assert share.budget(0.01, cap=8, whole=512) == 8  # never past the cap
+
+
+def test_credit_buys_tokens_at_the_measured_cost_within_the_cap() -> None:
+    share = TimeShare()
+    share.spent(1 / 16, 64)  # 1/1024 s a token (binary fractions: exact sums)
+    assert share.per_token == 1 / 1024
+    # 1/8 s of chat, less the 1/16 s just spent: 64 tokens' worth
+    assert share.budget(1 / 8, cap=128, whole=512) == 64
+    assert share.budget(0.5, cap=128, whole=512) == 128
+    share.spent(1 / 512, 1)  # a dearer token moves the average by three tenths
+    assert share.per_token == pytest.approx(0.7 / 1024 + 0.3 / 512)
+
+
+def test_credit_is_capped_and_an_overdraw_runs_chat_alone_until_repaid() -> None:
+    share = TimeShare()
+    for _ in range(100):
+        share.budget(0.1, cap=512, whole=512)
+    assert share.credit == MAX_CREDIT_S
+    share.spent(1.0, 100)  # one long input overdrew the credit
+    assert share.budget(0.1, cap=512, whole=512) == 0
+    assert share.budget(0.5, cap=512, whole=512) > 0

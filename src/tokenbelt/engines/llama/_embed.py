@@ -42,6 +42,7 @@ from ...belt import EndReason, Producer
 from .._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest
 from ._binding import flag_abort_callback
 from ._gguf import read_header
+from ._plan import TimeShare
 from ._threads import embed_kind, set_threads
 
 logger = logging.getLogger("tokenbelt.engines.embed")
@@ -51,10 +52,6 @@ logger = logging.getLogger("tokenbelt.engines.embed")
 MAX_EMBED_TOKENS = 512
 #: the most inputs one ubatch packs (llama.cpp's own limit is 256 sequences)
 MAX_EMBED_SEQS = 64
-#: the tokens of the first ubatch beside chat, before any cost is measured
-_FIRST_SHARED_TOKENS = 16
-#: the most seconds of chat steps saved up as credit for embeddings
-_MAX_CREDIT_S = 0.5
 
 #: llama.cpp's numbers for ``pooling_type``
 _POOLING_IDS = {"mean": 1, "cls": 2, "last": 3, "rank": 4}
@@ -234,10 +231,8 @@ class Embedder:
         # their own costs by size (``embed_kind``), apart from chat's prompt chunks.
         # On a loaded machine a thread count one too many made steps ten times slower.
         self._tuner = tuner
-        #: seconds an embedded token costs (a moving average over ubatches)
-        self._per_token: float | None = None
-        #: seconds of compute embeddings may still take beside chat (see ``budget``)
-        self._credit = 0.0
+        #: embeddings' time share beside chat steps (``_plan.TimeShare``)
+        self._share = TimeShare()
         self._lock = lock
         self._wake = wake
         self._ended = ended  # one request released: the engine's count goes down
@@ -312,23 +307,9 @@ class Embedder:
         )
 
     def budget(self, chat_s: float | None, cap: int) -> int:
-        """The tokens of the next ubatch (0: none this step).
-
-        With no chat work in the step (``chat_s`` None), a whole ubatch. Beside chat, a
-        time share: each chat step's seconds are credit, each embedding ubatch's seconds
-        are spent from it, and a ubatch runs only while there is credit, with as many
-        tokens as the credit buys (at most ``cap``). An input is never split, so a
-        ubatch of one input may overdraw; the next steps then run chat alone.
-        """
-        if chat_s is None:
-            self._credit = 0.0
-            return self.info.max_tokens
-        self._credit = min(self._credit + chat_s, _MAX_CREDIT_S)
-        if self._credit <= 0:
-            return 0
-        if self._per_token is None:
-            return min(cap, _FIRST_SHARED_TOKENS)
-        return max(1, min(cap, int(self._credit / self._per_token)))
+        """The tokens of the next ubatch (0: none this step): a whole ubatch with no
+        chat work in the step (``chat_s`` None), else the time share's (``TimeShare``)."""
+        return self._share.budget(chat_s, cap, self.info.max_tokens)
 
     def step(self, budget: int) -> bool:
         """Retire stopped requests, then run one ubatch of at most ``budget`` tokens;
@@ -420,10 +401,7 @@ class Embedder:
         ret = lib.llama_decode(self._ctx.ctx, self._batch)
         took = time.perf_counter() - started
         if ret == 0 and self._batch.n_tokens:
-            cost = took / self._batch.n_tokens
-            last = self._per_token
-            self._per_token = cost if last is None else 0.7 * last + 0.3 * cost
-            self._credit -= took
+            self._share.spent(took, self._batch.n_tokens)
             if self._tuner is not None:
                 self._tuner.record(kind, threads, took, self._batch.n_tokens)
         with self._lock:

@@ -34,6 +34,10 @@ PROMPT_TIMED_TOKENS = 64
 #: steps of at most this many tokens are timed per size (a forced marker's step, a
 #: drafted step: ``draft_tokens`` is at most 64)
 TIMED_STEP_TOKENS = 64
+#: the tokens of the first embedding ubatch beside chat, before any cost is measured
+FIRST_SHARED_TOKENS = 16
+#: the most seconds of chat steps saved up as credit for embeddings
+MAX_CREDIT_S = 0.5
 
 
 def _moving(average: float | None, sample: float) -> float:
@@ -93,6 +97,39 @@ class StepCosts:
             lo, hi = sizes[0], sizes[1]
         slope = max(0.0, (costs[hi] - costs[lo]) / (hi - lo))
         return min(most, max(1e-6, costs[lo] + slope * (n - lo)))
+
+
+class TimeShare:
+    """Embeddings' share of the loop beside chat: each chat step's seconds are credit
+    (up to ``MAX_CREDIT_S``), each embedding ubatch's seconds are spent from it, and a
+    ubatch runs only while there is credit, with as many tokens as the credit buys at
+    the measured cost of an embedded token. An input is never split, so a ubatch of one
+    input may overdraw; the next steps then run chat alone."""
+
+    def __init__(self) -> None:
+        #: seconds an embedded token costs (a moving average over ubatches; None: none yet)
+        self.per_token: float | None = None
+        #: seconds of compute embeddings may still take beside chat
+        self.credit = 0.0
+
+    def budget(self, chat_s: float | None, cap: int, whole: int) -> int:
+        """The tokens of the next ubatch (0: none this step): ``whole`` when the step had
+        no chat work (``chat_s`` None), else what the credit buys, at most ``cap``."""
+        if chat_s is None:
+            self.credit = 0.0
+            return whole
+        self.credit = min(self.credit + chat_s, MAX_CREDIT_S)
+        if self.credit <= 0:
+            return 0
+        if self.per_token is None:
+            return min(cap, FIRST_SHARED_TOKENS)
+        return max(1, min(cap, int(self.credit / self.per_token)))
+
+    def spent(self, took: float, n_tokens: int) -> None:
+        """A ubatch of ``n_tokens`` took ``took`` seconds."""
+        cost = took / n_tokens
+        self.per_token = cost if self.per_token is None else 0.7 * self.per_token + 0.3 * cost
+        self.credit -= took
 
 
 @dataclass(slots=True)
