@@ -138,7 +138,8 @@ def test_the_worker_computes_the_prompt_the_parent_tokenized(
     engine = engine_of(model)
     expected = model.complete(HELLO, max_tokens=12, **GREEDY)
     hello_tokens = engine.tokenize_request(GenerationRequest(messages=tuple(HELLO)))
-    monkeypatch.setattr(engine, "tokenize_request", lambda request: list(hello_tokens))
+    # where the parent makes every prompt's tokens
+    monkeypatch.setattr(engine._prompts, "tokenize", lambda request: list(hello_tokens))
     reply = model.complete(SEA, max_tokens=12, **GREEDY)
     assert reply.trace.prompt_tokens == len(hello_tokens)
     assert reply.text == expected.text

@@ -39,7 +39,7 @@ from ._native import (
     tool_format,
 )
 from ._persist import DEFAULT_PREFIX_CACHE_DISK, check_disk_budget
-from ._prompts import KeptPrompts, check_fits
+from ._prompts import KeptPrompts, Prompts, check_fits
 from ._reasoning import ReasoningFormat, detect_reasoning, template_options
 from ._sampling import check_request
 from ._single import LlamaEngine
@@ -65,6 +65,7 @@ __all__ = [
     "KeptPrompts",
     "LlamaConfig",
     "LlamaEngine",
+    "Prompts",
     "ReasoningFormat",
     "amx_safe",
     "call_arguments",

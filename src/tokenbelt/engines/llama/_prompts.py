@@ -67,9 +67,10 @@ class KeptPrompts:
 
 
 class Prompts:
-    """A loaded model's text side: its chat template, tool format and reasoning
-    markers, each request's prompt tokens, and the prompts tokenized before they queue
-    (kept for their admission, so the loop does not template them again).
+    """A model's text side: its chat template, tool format and reasoning markers, each
+    request's prompt tokens, and the prompts tokenized before they queue (kept for their
+    admission, so the loop does not template them again). ``model`` is the loaded
+    model, or its vocabulary alone (a worker's parent: ``worker/_vocab.py``).
 
     Tokenizing runs on the caller's thread (``count``: checked before queueing); the
     loop ``take``\\ s a request's tokens at its admission.
@@ -128,9 +129,13 @@ class Prompts:
         check_fits(len(tokens), self._context_length)
         self._kept.keep(request, tokens)
 
+    def kept(self, request: GenerationRequest) -> list[int] | None:
+        """The tokens kept for ``request`` (forgotten here), or None."""
+        return self._kept.take(request)
+
     def take(self, request: GenerationRequest) -> list[int]:
         """The prompt of ``request`` at its admission: the kept tokens, else made now."""
-        kept = self._kept.take(request)
+        kept = self.kept(request)
         return kept if kept is not None else self.tokenize(request)
 
     def template_head(self, limit: int) -> list[int]:

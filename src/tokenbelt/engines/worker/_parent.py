@@ -52,7 +52,7 @@ from .._base import OnExit, run_to_end
 from .._embedding import EmbeddingInfo, EmbeddingRequest
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
-from ..llama import LlamaConfig, check_fits, check_gguf_file, check_inputs, check_pooling
+from ..llama import LlamaConfig, check_gguf_file, check_inputs, check_pooling
 from . import _messages as msg
 from ._jobs import Job
 from ._process import Process, describe_exit, spawn
@@ -118,7 +118,12 @@ class WorkerEngine:
         self._stats: BatchStatistics | None = None
         self._numbers = itertools.count(1)
         self._current: Process
-        self._prompts = PromptTokens(self.model_path, self.name, reasoning=config.reasoning)
+        self._prompts = PromptTokens(
+            self.model_path,
+            self.name,
+            context_length=self.context_length,
+            reasoning=config.reasoning,
+        )
         self._embedding: EmbeddingInfo | None = None
         #: whether the GGUF's chat template renders tools (then requests carry ``tools``)
         self.template_tools = self._prompts.template_tools
@@ -177,18 +182,12 @@ class WorkerEngine:
         reaches the worker; raises ``InvalidArgument`` or ``PromptTooLong``."""
         if isinstance(request, EmbeddingRequest):
             return check_inputs(request, self.embedding_info())
-        self._prompts.check(request)
-        tokens = self._prompts.peek(request)  # counted before (fitting a chat to a window)
-        if tokens is None:
-            tokens = self.tokenize_request(request)
-        check_fits(len(tokens), self.context_length)
-        self._prompts.keep(request, tokens)
-        return len(tokens)
+        return self._prompts.count(request)
 
     def remember_prompt_tokens(self, request: GenerationRequest, tokens: list[int]) -> None:
         """Keep ``tokens``, just made by ``tokenize_request``, for ``request``'s count and
         start (a chat fitted to its window is not tokenized again)."""
-        self._prompts.keep(request, tokens)
+        self._prompts.remember(request, tokens)
 
     def embedding_info(self) -> EmbeddingInfo:
         """The model's embeddings as the worker's engine makes them (from the metadata)."""
@@ -301,7 +300,7 @@ class WorkerEngine:
         job.worker = w
         trace = job.producer.trace
         trace.worker = {"pid": w.pid}
-        tokens = self._prompts.take(job.request)
+        tokens = self._prompts.kept(job.request)  # None: the worker makes them
         w.post(msg.Start(job.rid, trace.request_id, job.request, job.capacity, tokens))
 
     def _gone(self, w: Process, code: int) -> None:
