@@ -18,6 +18,7 @@ from .._errors import Cancelled, EndOfStream, IllegalState, InvalidArgument
 from ..belt import Belt, EndReason, Limits, Trace
 from ..engines import Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
 from ._stream import OnBelt, Usage
+from ._surface import EngineCalls
 
 #: the most inputs one embedding request may carry
 MAX_INPUTS = 4096
@@ -265,25 +266,9 @@ def _check_top_n(top_n: int | None) -> None:
 _T = TypeVar("_T")
 
 
-class EmbeddingCalls:
+class EmbeddingCalls(EngineCalls):
     """The embedding and rerank surface of ``Model``, over the two ways the model uses
-    its loaded engine: ``_on_engine`` (use it now, queueing nothing) and ``_queue``
-    (queue a request through the admission queue, as a chat request is queued)."""
-
-    name: str
-
-    def _on_engine(self, use: Callable[[Any], _T]) -> _T:
-        raise NotImplementedError
-
-    def _queue(
-        self,
-        prepare: Callable[[Any], tuple[Any, int]],
-        open_stream: Callable[[Any, Belt[Any]], _T],
-        limits: Limits | None,
-        capacity: int | None,
-        request_id: str | None,
-    ) -> _T:
-        raise NotImplementedError
+    its loaded engine (``EngineCalls``), as a chat request is queued."""
 
     def embedding_info(self) -> EmbeddingInfo:
         """The model's ``EmbeddingInfo`` (dimension, pooling, input limit), loading it if

@@ -15,6 +15,7 @@ from ..engines import Engine, GenerationRequest, Message, Tokenizes, sampling_fr
 from ._keepalive import RequestKeepAlive
 from ._stream import Reply, Stream
 from ._structured import Structure, render_messages, structure, tools_json
+from ._surface import EngineCalls
 
 if TYPE_CHECKING:
     from ._model import Model
@@ -25,14 +26,13 @@ _NOT_CHAT = {"embedding": ("an embedding model", "embeddings"), "rerank": ("a re
 _T = TypeVar("_T")
 
 
-class ChatCalls:
+class ChatCalls(EngineCalls):
     """The chat surface of ``Model``: ``submit`` (a chat model's generation requests),
     the prompt's tokens and their count, and one-off streams (``stream``, ``complete``).
     It stands on what the template renders and, as ``EmbeddingCalls`` does, on the two
     ways the model uses its loaded engine: ``_on_engine`` (use it now, queueing nothing)
     and ``_queue`` (queue a request through the admission queue)."""
 
-    name: str
     info: dict[str, Any]
 
     @property
@@ -44,19 +44,6 @@ class ChatCalls:
         raise NotImplementedError
 
     def keep_alive_for_request(self, keep_alive: RequestKeepAlive) -> None:
-        raise NotImplementedError
-
-    def _on_engine(self, use: Callable[[Engine], _T]) -> _T:
-        raise NotImplementedError
-
-    def _queue(
-        self,
-        prepare: Callable[[Engine], tuple[Any, int]],
-        open_stream: Callable[[Any, Belt[Any]], _T],
-        limits: Limits | None,
-        capacity: int | None,
-        request_id: str | None,
-    ) -> _T:
         raise NotImplementedError
 
     def submit(

@@ -64,7 +64,15 @@ from .._request import GenerationRequest
 from .._statistics import BatchStatistics
 from ._binding import flag_abort_callback, quiet_native_logs
 from ._config import LlamaConfig
-from ._embed import Embedder, EmbedJob, check_inputs, embedding_info, input_tokens, pair_tokens
+from ._embed import (
+    Embedder,
+    EmbedJob,
+    check_inputs,
+    check_pooling,
+    embedding_info,
+    input_tokens,
+    pair_tokens,
+)
 from ._inflight import StepInFlight
 from ._loading import check_gguf_file, load_gguf, open_context
 from ._persist import PrefixStore, model_key
@@ -123,8 +131,6 @@ class BatchEngine:
         #: every setting this engine was made with
         self.config = config
         path = check_gguf_file(model_path)
-        from ._embed import check_pooling
-
         check_pooling(config.pooling, path)
         quiet_native_logs()
         self._lib: Any = llama_cpp
@@ -182,6 +188,8 @@ class BatchEngine:
         self._vocab = self._model.vocab
         self._words = Vocabulary(llama_cpp, self._ctx.ctx, self._vocab, self.context_length)
         self._n_vocab = self._words.n_vocab
+        #: the context's KV memory, as llama.cpp sees it (the cells are ``PrefixCache``'s;
+        #: tests read llama.cpp's own view of them through this)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._prompts = Prompts(
             llama_cpp,
@@ -250,7 +258,6 @@ class BatchEngine:
         self._running = Running(
             self._lib,
             name=self.name,
-            context_length=self.context_length,
             config=config,
             prompts=self._prompts,
             words=self._words,

@@ -6,12 +6,11 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..._errors import InvalidArgument, LoadTimeout, ModelLoadError
-
-if TYPE_CHECKING:
-    from ._config import LlamaConfig
+from ._binding import model_params
+from ._config import FLASH_ATTN, KV_TYPES, LlamaConfig
 
 logger = logging.getLogger("tokenbelt.engines")
 
@@ -118,9 +117,6 @@ def open_context(
     model was trained on (unless ``force_n_ctx``), ``ModelLoadError`` when llama.cpp
     cannot load it."""
     from llama_cpp import _internals
-
-    from ._binding import model_params
-    from ._config import FLASH_ATTN, KV_TYPES
 
     try:
         mparams = model_params()

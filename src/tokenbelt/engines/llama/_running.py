@@ -59,7 +59,6 @@ class Running:
         lib: Any,
         *,
         name: str,
-        context_length: int,
         config: LlamaConfig,
         prompts: Prompts,
         words: Vocabulary,
@@ -73,8 +72,8 @@ class Running:
     ) -> None:
         self._lib = lib
         self._name = name
-        self._context_length = context_length
-        #: the settings a step reads (drafting for requests that do not choose)
+        #: the settings a step reads (each sequence's context, drafting for requests that
+        #: do not choose)
         self._config = config
         self._prompts = prompts
         self._reasoning: ReasoningFormat | None = prompts.reasoning
@@ -129,16 +128,16 @@ class Running:
             check_logit_bias(seq.request.sampling, self._words.n_vocab, self._name)
             tokens = self._prompts.take(seq.request)
             p.count_prompt(len(tokens))
-            check_fits(len(tokens), self._context_length)
+            check_fits(len(tokens), self._config.n_ctx)
         except Exception as exc:
             p.fail(exc)
             self.retire(seq, cache=False)
             return False
-        seq.set_prompt(tokens, self._context_length)
+        seq.set_prompt(tokens, self._config.n_ctx)
         if self._reasoning is not None and seq.request.messages is not None:
             tail = self._words.detokenize(seq.tokens[-8:])
             seq.open_phases(
-                self._reasoning, tail, self._prompts.markers, self._context_length, self._thinking
+                self._reasoning, tail, self._prompts.markers, self._config.n_ctx, self._thinking
             )
         return True
 
