@@ -17,15 +17,27 @@ DEFAULT_CAPACITY = 8
 #: sequences a model decodes together in one context (``Runtime``; ``tokenbelt serve``
 #: batches ``SERVE_SLOTS``)
 DEFAULT_SLOTS = 1
-#: tokens each request may hold (the prompt and the reply), unless a model was trained on
-#: fewer (then that many) or a user gives another context
+#: tokens each request may hold (the prompt and the reply) when a user gives no context:
+#: what the model was trained on (an agent's first request, its system prompt and tools,
+#: is 6,000 to 23,000 tokens), lowered until its KV cache fits ``DEFAULT_KV_MEMORY``;
+#: this many for a model that does not say what it was trained on
 DEFAULT_N_CTX = 4096
+#: the most bytes a model's KV cache (``slots`` sequences of the context each) takes when
+#: a user gives no context: the default model's 4 slots of 8,192 tokens take 720 MiB
+DEFAULT_KV_MEMORY = 1 << 30
+#: a context lowered to fit ``DEFAULT_KV_MEMORY`` is a multiple of this many tokens
+CONTEXT_STEP = 256
 #: requests a model's admission queue holds before it refuses more
 DEFAULT_QUEUE_SIZE = 16
 #: the longest prompt-lookup draft one sequence verifies in a step
 DEFAULT_DRAFT_TOKENS = 16
-#: the most prompt tokens a model's prefix cache keeps (its entries, in memory)
-DEFAULT_CACHE_TOKENS = 4096
+#: the bytes a model's prefix cache keeps in memory when a user gives no ``cache_tokens``:
+#: as many tokens as this many bytes of the model's KV cells hold (the default model:
+#: 46,603 tokens, 22.5 KiB each), so an agent's system prompt, tools and history are
+#: read once, not at every turn
+DEFAULT_CACHE_MEMORY = 1 << 30
+#: the fewest tokens a prefix cache sized by memory keeps (a large model's cells are big)
+MIN_CACHE_TOKENS = 4096
 #: prefix-cache entries each model keeps when its cache is on
 DEFAULT_CACHE_ENTRIES = 8
 #: how much nicer (lower in priority) llama.cpp's decode threads run than the rest of the

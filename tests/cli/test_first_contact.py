@@ -118,7 +118,7 @@ def _options(command: str) -> list[argparse.Action]:
 @pytest.mark.parametrize("command", ["serve", "chat", "demo", "probe"])
 def test_help_shows_every_default(command: str) -> None:
     """Every option with a default says it (the issue's list: capacity 8, slots, queue 16,
-    keep-alive 300 s, n-ctx 4096), and one without says what happens instead."""
+    keep-alive 300 s), and one without says what happens instead."""
     entries = _help_entries(tokenbelt(command, "--help").stdout)
     for action in _options(command):
         flag = action.option_strings[-1]
@@ -132,8 +132,9 @@ def test_help_shows_every_default(command: str) -> None:
 
 def test_serve_help_names_the_reply_limit_and_the_keep_alive_rule() -> None:
     out = _flat(tokenbelt("serve", "--help").stdout)
-    for flag, default in [("--capacity", "8"), ("--queue-size", "16"), ("--n-ctx", "4096")]:
+    for flag, default in [("--capacity", "8"), ("--queue-size", "16")]:
         assert re.search(rf"{flag} \S+ .*?\(default {default}[;)]", out), (flag, out)
+    assert re.search(r"--n-ctx \S+ .*?not given, what each model was trained on", out)
     assert re.search(r"--keep-alive \S+ .*?\(default 300\)", out)
     assert f"at most {DEFAULT_MAX_TOKENS} tokens" in out
     assert "counted from the load" in out
@@ -207,8 +208,11 @@ def test_serve_prints_one_ready_line_with_device_threads_context_file_and_url(
     (ready,) = [line for line in log.read_text().splitlines() if "ready:" in line]
     assert re.search(
         rf"ready: smollm2-135m on cpu, in worker process \d+, (\d+|auto) threads.*, "
-        rf"context \d+ tokens per sequence, "
-        rf"\d+ slots?, file {re.escape(str(default_model_path()))}, http://127\.0\.0\.1:{port}$",
+        rf"context 8192 tokens per sequence, 4 slots, "
+        # what the context and the prefix cache cost, said before the first request
+        rf"KV cache 720 MiB \(the model's trained length\), "
+        rf"prefix cache up to 46603 tokens \(1024 MiB in memory, kept in \S+\), "
+        rf"file {re.escape(str(default_model_path()))}, http://127\.0\.0\.1:{port}$",
         ready,
     ), ready
 

@@ -22,6 +22,9 @@ from tokenbelt.models import Home, default_model_path
 pytestmark = pytest.mark.model
 
 NET = 60.0
+#: bytes one token takes in the default model's f16 KV cache: 30 layers, 3 KV heads,
+#: keys and values of 64 each, 2 bytes apiece
+KV_CELL = 30 * 3 * (64 + 64) * 2
 
 
 def _entry(alias: str, kind: str, context: int) -> dict[str, Any]:
@@ -56,12 +59,15 @@ def catalog(tokenbelt_home: Path) -> None:
 
 
 @pytest.mark.usefixtures("catalog")
-def test_the_default_context_is_lowered_to_what_a_model_was_trained_on() -> None:
+def test_the_default_context_is_what_a_model_was_trained_on() -> None:
+    """An agent's first request (6,000 to 23,000 tokens) fits the default model's own
+    8,192 without a flag: the context not given is the trained one, not 4,096."""
     with Runtime(keep_alive=None, slots=1, prefix_cache=False) as rt:
         assert rt.load("short-chat", load_timeout=NET).info["n_ctx_per_seq"] == 2048
-        # A file by its path: what its own header says (8,192), more than the default.
+        # A file by its path: what its own header says (8,192).
         model = rt.load(str(default_model_path()), load_timeout=NET)
-        assert (model.info["context_length"], model.info["n_ctx_per_seq"]) == (8192, 4096)
+        assert (model.info["context_length"], model.info["n_ctx_per_seq"]) == (8192, 8192)
+        assert model.info["memory_estimate"]["kv"] == 8192 * KV_CELL
     # Given, a context is the user's: the file itself was trained on 8,192, which the
     # engine checks (and refuses past it, as test_validation shows).
     with Runtime(keep_alive=None, slots=1, n_ctx=3000, prefix_cache=False) as rt:

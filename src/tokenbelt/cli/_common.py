@@ -14,6 +14,7 @@ from .._errors import InvalidArgument
 from ..belt import check, check_capacity, check_duration, check_keep_alive
 
 if TYPE_CHECKING:
+    from ..engines import LlamaConfig
     from ..runtime import Model, Runtime
 
 T = TypeVar("T")
@@ -271,6 +272,29 @@ def missing_model_file(alias: str) -> str | None:
     return None
 
 
+def _memory_parts(info: dict[str, Any], context: int, engine: LlamaConfig) -> list[str]:
+    """What the context and the prefix cache cost, as the load estimated them: the KV
+    cache (how a long agent prompt and several short requests share it) and the prefix
+    cache's tokens and bytes."""
+    need = info.get("memory_estimate") or {}
+    parts = []
+    if need.get("kv"):
+        trained = info.get("context_length")
+        why = " (the model's trained length)" if trained == context else ""
+        parts.append(f"KV cache {need['kv'] / 2**20:.0f} MiB{why}")
+    if need.get("cache") and info.get("cache_tokens"):
+        parts.append(
+            f"prefix cache up to {info['cache_tokens']} tokens "
+            f"({need['cache'] / 2**20:.0f} MiB in memory"
+            + (
+                f", kept in {engine.prefix_cache_dir})"
+                if engine.prefix_cache_dir and engine.prefix_cache_disk
+                else ")"
+            )
+        )
+    return parts
+
+
 def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
     """One line saying what runs where: device, threads, context, slots, file (and URL).
 
@@ -293,6 +317,7 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
         threads_text,
         f"context {context} tokens per sequence",
         f"{slots} slot{'s' if slots != 1 else ''}",
+        *_memory_parts(info, context, runtime.engine),
         f"file {info.get('path') or 'unknown'}",
     ]
     if info.get("isolation") == "process":

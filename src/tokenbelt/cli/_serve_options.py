@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from .._defaults import (
-    DEFAULT_CACHE_TOKENS,
+    DEFAULT_CACHE_MEMORY,
     DEFAULT_CAPACITY,
     DEFAULT_QUEUE_SIZE,
     SERVE_SLOTS,
@@ -193,9 +193,10 @@ def _add_context_options(p: argparse.ArgumentParser) -> None:
         "--n-ctx",
         type=n_ctx,
         default=None,
-        help="tokens each request may hold; not given, lowered to what a model was "
-        "trained on (default 4096; at least 64, at most what the model was trained on "
-        "unless --force-n-ctx)",
+        help="tokens each request may hold (prompt and reply); not given, what each model "
+        "was trained on (the default model: 8192), lowered until its KV cache (--slots "
+        "sequences of it) fits 1 GiB; given, at least 64 and at most what the model was "
+        "trained on unless --force-n-ctx",
     )
     p.add_argument(
         "--force-n-ctx",
@@ -247,10 +248,12 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-tokens",
         type=counted("cache_tokens"),
-        default=DEFAULT_CACHE_TOKENS,
+        default=None,
         help="the most prompt tokens each model's prefix cache keeps, in memory; a longer "
-        "prompt keeps its head: raise it for an agent whose prompt is longer "
-        f"(default {DEFAULT_CACHE_TOKENS})",
+        "prompt keeps its head (default: as many as "
+        f"{DEFAULT_CACHE_MEMORY >> 20} MiB of the model's KV cells hold, at least 4096: "
+        "the default model's is 46,603, so an agent's system prompt, tools and history "
+        "are read once, not at every turn)",
     )
     p.add_argument(
         "--prefix-cache-disk",

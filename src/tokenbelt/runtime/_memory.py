@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._errors import InvalidArgument, ModelError, ModelLoadError, OverBudget
+from ..engines import cache_tokens_for
 from ..models import read_header
 
 logger = logging.getLogger("tokenbelt.runtime")
@@ -39,24 +40,6 @@ logger = logging.getLogger("tokenbelt.runtime")
 OVERHEAD_BYTES = 128 << 20
 #: the share of this machine's available memory the default budget takes
 DEFAULT_SHARE = 0.8
-
-#: bytes per element of each KV cache type (q8_0: 32 values in 34 bytes)
-_KV_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32}
-_GGUF_MAGIC = b"GGUF"
-# GGUF metadata value types: 0..12 (uint8 .. float64), 8 string, 9 array
-_SCALARS = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
 
 
 def default_budget() -> int:
@@ -119,26 +102,25 @@ def gguf_metadata(path: str | Path) -> dict[str, Any]:
         raise ModelLoadError(str(exc)) from exc
 
 
+def kv_cell_bytes(path: str | Path, kv_type: str = "f16") -> float:
+    """Bytes one token takes in ``path``'s KV cache, from its metadata; ``ModelLoadError``
+    for a file that cannot be read as GGUF."""
+    try:
+        return read_header(Path(path)).kv_cell_bytes(kv_type)
+    except ModelError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
 def estimate(
-    path: str | Path, *, slots: int, n_ctx: int, cache_tokens: int, kv_type: str = "f16"
+    path: str | Path, *, slots: int, n_ctx: int, cache_tokens: int | None, kv_type: str = "f16"
 ) -> MemoryUse:
-    """What loading ``path`` with these settings will take, from its metadata."""
-    meta = gguf_metadata(path)
-    arch = meta.get("general.architecture", "llama")
-
-    def field(name: str, default: int = 0) -> int:
-        value = meta.get(f"{arch}.{name}", default)
-        return int(value) if isinstance(value, int | float) else default
-
-    layers, heads = field("block_count"), max(1, field("attention.head_count", 1))
-    kv_heads = field("attention.head_count_kv", heads) or heads
-    per_head = field("embedding_length") // heads
-    key, value = field("attention.key_length", per_head), field("attention.value_length", per_head)
-    cell = layers * kv_heads * (key + value) * _KV_ELEMENT.get(kv_type, 2.0)
+    """What loading ``path`` with these settings will take, from its metadata
+    (``cache_tokens`` None: the prefix cache sized by memory, ``cache_tokens_for``)."""
+    cell = kv_cell_bytes(path, kv_type)
     return MemoryUse(
         weights=Path(path).stat().st_size,
         kv=int(cell * slots * n_ctx),
-        cache=int(cell * cache_tokens),
+        cache=int(cell * cache_tokens_for(cache_tokens, cell)),
     )
 
 

@@ -43,11 +43,13 @@ from ..engines import (
     UpstreamModel,
     UpstreamPool,
     build,
+    cache_tokens_for,
+    context_that_fits,
     default_threads,
     list_models,
 )
 from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, read_gguf_info, resolve_and_fetch
-from ._memory import MemoryBudget, estimate
+from ._memory import MemoryBudget, estimate, kv_cell_bytes
 from ._model import Model
 
 logger = logging.getLogger("tokenbelt.runtime")
@@ -66,16 +68,17 @@ def trained_context(path: Path) -> int | None:
 
 
 def context_for(n_ctx: int | None, trained: int | None, kind: str = "chat") -> int:
-    """The context a model loads at: ``n_ctx`` as given, else ``DEFAULT_N_CTX``. Not
-    given, it is lowered to what the model was trained on (a model beside another,
-    trained on less, loads rather than being refused); so is any context of an embedding
-    or rerank model (its inputs may hold no more). A chat model given more than it was
-    trained on is refused (unless ``force_n_ctx``): by its load, and by ``tokenbelt
-    serve`` before it binds."""
-    context = DEFAULT_N_CTX if n_ctx is None else n_ctx
-    if trained and (n_ctx is None or kind != "chat"):
-        context = min(context, trained)
-    return context
+    """The context a model loads at: ``n_ctx`` as given, else what it was trained on
+    (``DEFAULT_N_CTX`` if it does not say; its load then lowers that until its KV cache
+    fits, ``context_that_fits``). An embedding or rerank model takes at most what it was
+    trained on (its inputs may hold no more). A chat model given more than it was trained
+    on is refused (unless ``force_n_ctx``): by its load, and by ``tokenbelt serve``
+    before it binds."""
+    if n_ctx is None:
+        return trained or DEFAULT_N_CTX
+    if trained and kind != "chat":
+        return min(n_ctx, trained)
+    return n_ctx
 
 
 def check_n_ctx(value: int) -> int:
@@ -401,6 +404,7 @@ class Runtime:
             n_ctx = check_n_ctx(n_ctx)
         elif self._n_ctx_given:
             n_ctx = self.n_ctx
+        given = n_ctx is not None
         n_ctx = context_for(n_ctx, info.get("context_length"), info.get("kind", "chat"))
         config = LlamaConfig.of(
             self.engine,
@@ -424,11 +428,17 @@ class Runtime:
         )
 
         def factory() -> list[Engine]:
+            nonlocal config
             path, resolved = self._resolve(alias, device, progress)  # may download
             info.update(resolved)
-            cells = config.cache_tokens if config.prefix_cache else 0
+            config = self._sized(config, path, given=given, trained=info.get("context_length"))
+            info.update(n_ctx_per_seq=config.n_ctx, cache_tokens=config.cache_tokens)
             need = estimate(
-                path, slots=n_slots, n_ctx=n_ctx, cache_tokens=cells, kv_type=config.kv_type
+                path,
+                slots=n_slots,
+                n_ctx=config.n_ctx,
+                cache_tokens=config.cache_tokens if config.prefix_cache else 0,
+                kv_type=config.kv_type,
             )
             # Plain numbers (the info is JSON in /v1/models): ``Model.memory()`` reads them.
             info["memory_estimate"] = need.parts()
@@ -456,6 +466,21 @@ class Runtime:
                     self._forget(name, model)
                 raise
         return model
+
+    @staticmethod
+    def _sized(config: LlamaConfig, path: Path, *, given: bool, trained: int | None) -> LlamaConfig:
+        """``config`` with what depends on the model file's KV cell size: a context not
+        given lowered until the KV cache fits (``context_that_fits``), and a prefix cache
+        not given sized by memory (``cache_tokens_for``)."""
+        cell = kv_cell_bytes(path, config.kv_type)
+        n_ctx = (
+            config.n_ctx
+            if given
+            else min(config.n_ctx, context_that_fits(trained, config.slots, cell))
+        )
+        return LlamaConfig.of(
+            config, n_ctx=n_ctx, cache_tokens=cache_tokens_for(config.cache_tokens, cell)
+        )
 
     def _describe(self, alias: str, device: str | None) -> dict[str, Any]:
         """What is known of ``alias`` before fetching it: the catalog's entry (its kind,

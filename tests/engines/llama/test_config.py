@@ -10,7 +10,7 @@ import pytest
 from tokenbelt import InvalidArgument, Runtime
 from tokenbelt.cli import build_parser
 from tokenbelt.cli._serve import _engine
-from tokenbelt.engines import LlamaConfig
+from tokenbelt.engines import LlamaConfig, cache_tokens_for, context_that_fits
 from tokenbelt.engines.worker._messages import Load, decode, encode
 
 
@@ -122,3 +122,23 @@ def test_serves_flags_make_the_engines_configuration() -> None:
     # Not given: the engine's own defaults, not a second copy of them in the CLI.
     plain = _engine(build_parser().parse_args(["serve"]))
     assert dataclasses.replace(plain, prefix_cache_dir=None) == LlamaConfig()
+
+
+def test_a_context_not_given_is_the_trained_one_while_its_kv_cache_fits_a_gibibyte() -> None:
+    """The default model (22.5 KiB a token): 4 slots of its 8,192 take 720 MiB, so they
+    stay; 8 slots would take 1.4 GiB, so each gets the most whole 256 tokens that fit;
+    never less than 4,096 (nor more than the model was trained on)."""
+    cell = 30 * 3 * (64 + 64) * 2
+    assert context_that_fits(8192, 4, cell) == 8192
+    assert context_that_fits(8192, 8, cell) == 5632
+    assert 8 * 5632 * cell <= 1 << 30 < 8 * 5888 * cell
+    assert context_that_fits(8192, 64, cell) == 4096
+    assert context_that_fits(2048, 64, cell) == 2048
+    assert context_that_fits(None, 1, cell) == 4096
+
+
+def test_a_prefix_cache_not_given_holds_a_gibibyte_of_the_models_cells() -> None:
+    cell = 30 * 3 * (64 + 64) * 2
+    assert cache_tokens_for(None, cell) == (1 << 30) // cell == 46603
+    assert cache_tokens_for(None, 1 << 20) == 4096  # a large model's cells: at least 4,096
+    assert cache_tokens_for(512, cell) == 512  # given: the user's

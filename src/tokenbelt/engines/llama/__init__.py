@@ -4,7 +4,7 @@ they share, and the single-sequence baseline the benchmarks measure against."""
 
 from ._batch import BatchEngine
 from ._binding import amx_safe, model_params, quiet_native_logs
-from ._config import FLASH_ATTN, KV_TYPES, LlamaConfig
+from ._config import FLASH_ATTN, KV_TYPES, LlamaConfig, cache_tokens_for, context_that_fits
 from ._embed import (
     MAX_EMBED_TOKENS,
     check_inputs,
@@ -68,6 +68,7 @@ __all__ = [
     "Prompts",
     "ReasoningFormat",
     "amx_safe",
+    "cache_tokens_for",
     "call_arguments",
     "chat_formatter",
     "check_decode_nice",
@@ -81,6 +82,7 @@ __all__ = [
     "check_request",
     "check_threads",
     "clear_schema_cache",
+    "context_that_fits",
     "default_threads",
     "detect_reasoning",
     "embedding_info",

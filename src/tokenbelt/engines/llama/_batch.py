@@ -63,7 +63,7 @@ from .._embedding import EmbeddingInfo, EmbeddingRequest
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics
 from ._binding import flag_abort_callback, quiet_native_logs
-from ._config import LlamaConfig
+from ._config import LlamaConfig, cache_tokens_for
 from ._embed import (
     Embedder,
     EmbedJob,
@@ -73,6 +73,7 @@ from ._embed import (
     input_tokens,
     pair_tokens,
 )
+from ._gguf import read_header
 from ._inflight import StepInFlight
 from ._loading import check_gguf_file, load_gguf, open_context
 from ._persist import PrefixStore, model_key
@@ -215,7 +216,11 @@ class BatchEngine:
             self._ctx.ctx,
             n_seq_max=self.n_seq_max,
             entries=config.cache_entries,
-            tokens=config.cache_tokens,
+            tokens=cache_tokens_for(
+                config.cache_tokens, read_header(self.model_path).kv_cell_bytes(config.kv_type)
+            )
+            if config.cache_tokens is None
+            else config.cache_tokens,
             context_length=self.context_length,
             n_vocab=self._n_vocab,
             store=store,

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from ..._defaults import (
+    CONTEXT_STEP,
     DEFAULT_CACHE_ENTRIES,
-    DEFAULT_CACHE_TOKENS,
+    DEFAULT_CACHE_MEMORY,
     DEFAULT_DECODE_NICE,
     DEFAULT_DRAFT_TOKENS,
+    DEFAULT_KV_MEMORY,
     DEFAULT_N_CTX,
     DEFAULT_PREFILL_GAP,
+    MIN_CACHE_TOKENS,
 )
 from ..._errors import InvalidArgument
 from ...belt import check, check_capacity, check_duration
@@ -58,7 +61,9 @@ class LlamaConfig:
     - ``prefill_chunk``/``prefill_gap``: a prompt's tokens in a step beside decoding
       streams: what the measured prompt rate fits in ``prefill_gap`` seconds, at least
       ``prefill_chunk`` (``_plan.py``).
-    - ``cache_entries``/``cache_tokens``: the prefix cache's limits (0 entries: off);
+    - ``cache_entries``/``cache_tokens``: the prefix cache's limits (0 entries: off;
+      ``cache_tokens`` None: as many as ``DEFAULT_CACHE_MEMORY`` bytes of this model's
+      KV cells hold, ``cache_tokens_for``);
       ``prefix_cache_dir``/``prefix_cache_disk``: where, and in how many bytes, it
       outlives the engine (``_persist.py``).
     - ``kv_type`` (``KV_TYPES``) and ``flash_attn`` (``FLASH_ATTN``): the KV cache's
@@ -85,7 +90,7 @@ class LlamaConfig:
     prefill_chunk: int = 128
     prefill_gap: float = DEFAULT_PREFILL_GAP
     cache_entries: int = DEFAULT_CACHE_ENTRIES
-    cache_tokens: int = DEFAULT_CACHE_TOKENS
+    cache_tokens: int | None = None
     force_n_ctx: bool = False
     kv_type: str = "f16"
     flash_attn: str = "auto"
@@ -111,7 +116,8 @@ class LlamaConfig:
         object.__setattr__(self, "prefill_gap", float(gap or 0.0))
         if self.cache_entries < 0:
             raise InvalidArgument(f"cache_entries must be 0 or more, got {self.cache_entries}")
-        check("cache_tokens", self.cache_tokens)
+        if self.cache_tokens is not None:
+            check("cache_tokens", self.cache_tokens)
         if self.kv_type not in KV_TYPES:
             raise InvalidArgument(
                 f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}",
@@ -155,3 +161,23 @@ class LlamaConfig:
     def prefix_cache(self) -> bool:
         """Whether the prefix cache is on."""
         return self.cache_entries > 0
+
+
+def cache_tokens_for(given: int | None, cell_bytes: float) -> int:
+    """The tokens a prefix cache keeps: ``given``, else as many as ``DEFAULT_CACHE_MEMORY``
+    bytes of KV cells of ``cell_bytes`` each hold (at least ``MIN_CACHE_TOKENS``)."""
+    if given is not None:
+        return given
+    return max(MIN_CACHE_TOKENS, int(DEFAULT_CACHE_MEMORY // max(cell_bytes, 1.0)))
+
+
+def context_that_fits(trained: int | None, slots: int, cell_bytes: float) -> int:
+    """The context a model gets when none is given: what it was trained on (else
+    ``DEFAULT_N_CTX``), lowered to a multiple of ``CONTEXT_STEP`` until ``slots``
+    sequences of it fit ``DEFAULT_KV_MEMORY``; never below ``DEFAULT_N_CTX`` (or the
+    trained length, if less)."""
+    context = trained or DEFAULT_N_CTX
+    fits = int(DEFAULT_KV_MEMORY // max(slots * cell_bytes, 1.0))
+    if fits < context:
+        context = max(min(DEFAULT_N_CTX, context), fits // CONTEXT_STEP * CONTEXT_STEP)
+    return context

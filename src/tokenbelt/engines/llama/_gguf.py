@@ -26,6 +26,10 @@ _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 
 
+#: bytes per element of each KV cache type (q8_0: 32 values in 34 bytes)
+KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+
+
 @dataclass
 class GGUFHeader:
     """The scalar and string metadata of a GGUF file, its tensors' names and its
@@ -39,6 +43,30 @@ class GGUFHeader:
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: the offset just past the last tensor info
     infos_end: int = 0
+
+    @property
+    def context_length(self) -> int | None:
+        """The context the model was trained on, as the file says (None: not said)."""
+        arch = self.metadata.get("general.architecture", "llama")
+        value = self.metadata.get(f"{arch}.context_length")
+        return int(value) if isinstance(value, int) else None
+
+    def kv_cell_bytes(self, kv_type: str = "f16") -> float:
+        """Bytes one token takes in the KV cache: ``layers * kv_heads * (key + value
+        length)`` elements of ``kv_type`` (``KV_ELEMENT_BYTES``)."""
+        meta = self.metadata
+        arch = meta.get("general.architecture", "llama")
+
+        def field(name: str, default: int = 0) -> int:
+            value = meta.get(f"{arch}.{name}", default)
+            return int(value) if isinstance(value, int | float) else default
+
+        layers, heads = field("block_count"), max(1, field("attention.head_count", 1))
+        kv_heads = field("attention.head_count_kv", heads) or heads
+        per_head = field("embedding_length") // heads
+        key = field("attention.key_length", per_head)
+        value = field("attention.value_length", per_head)
+        return layers * kv_heads * (key + value) * KV_ELEMENT_BYTES.get(kv_type, 2.0)
 
 
 class _Cursor:

@@ -22,17 +22,32 @@ from ._sampling import check_request
 _MAX_TOKENIZED = 256
 
 
-def check_fits(n: int, context_length: int) -> None:
+def check_fits(n: int, context_length: int, trained: int | None = None) -> None:
     """Refuse a prompt of ``n`` tokens that is empty or leaves a sequence no room to
-    generate; raises ``InvalidArgument`` or ``PromptTooLong``."""
+    generate; raises ``InvalidArgument`` or ``PromptTooLong``, which names the context,
+    what the model was trained on and the setting that makes room."""
     if n == 0:
         # An empty batch would reach llama_decode: refused, never decoded.
         raise InvalidArgument("the prompt is empty: it has no tokens to start from")
     if n + 1 > context_length:
         raise PromptTooLong(
             f"the prompt has {n} tokens but each sequence holds {context_length} "
-            "(including at least one generated token)"
+            f"(including at least one generated token): {_more_room(n, context_length, trained)}"
         )
+
+
+def _more_room(n: int, context_length: int, trained: int | None) -> str:
+    if trained and context_length < trained:
+        return (
+            f"the model was trained on {trained} tokens; load it with a larger context "
+            "(tokenbelt serve --n-ctx, n_ctx=...) up to that"
+            + (", or past it with --force-n-ctx" if n + 1 > trained else "")
+        )
+    said = f"the {trained} tokens the model was trained on" if trained else "its context"
+    return (
+        f"this is {said}; a larger --n-ctx (n_ctx=...) needs --force-n-ctx "
+        "(force_n_ctx=True), and past the trained length replies degrade"
+    )
 
 
 class KeptPrompts:
@@ -77,12 +92,21 @@ class Prompts:
     """
 
     def __init__(
-        self, lib: Any, model: Any, *, name: str, context_length: int, reasoning: bool
+        self,
+        lib: Any,
+        model: Any,
+        *,
+        name: str,
+        context_length: int,
+        reasoning: bool,
+        trained: int | None = None,
     ) -> None:
         self._lib = lib
         self._model = model
         self._name = name
         self._context_length = context_length
+        #: the context the model was trained on, named when a prompt does not fit
+        self._trained = trained or int(lib.llama_model_n_ctx_train(model.model))
         self._vocab = model.vocab
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self.formatter = chat_formatter(model)
@@ -126,7 +150,7 @@ class Prompts:
     def keep(self, request: GenerationRequest, tokens: list[int]) -> None:
         """Use ``tokens`` (made here or by a worker's parent, with the same vocabulary) as
         ``request``'s prompt at its admission; ``PromptTooLong`` when they do not fit."""
-        check_fits(len(tokens), self._context_length)
+        check_fits(len(tokens), self._context_length, self._trained)
         self._kept.keep(request, tokens)
 
     def kept(self, request: GenerationRequest) -> list[int] | None:

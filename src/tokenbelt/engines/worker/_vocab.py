@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from .._embedding import EmbeddingInfo
-from ..llama import Prompts, embedding_info, input_tokens, load_vocab, pair_tokens
+from ..llama import (
+    Prompts,
+    embedding_info,
+    input_tokens,
+    load_vocab,
+    pair_tokens,
+    read_header,
+)
 
 
 class PromptTokens(Prompts):
@@ -31,6 +38,8 @@ class PromptTokens(Prompts):
             name=name,
             context_length=context_length,
             reasoning=reasoning,
+            # a vocabulary alone has no hyperparameters: the file's header says it
+            trained=read_header(Path(model_path)).context_length,
         )
 
     def embedding_info(self, pooling: str | None, context_length: int) -> EmbeddingInfo:
