@@ -9,13 +9,17 @@ Agents send 6,000 to 23,000 tokens on their first request (Codex 6,473, Open Web
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import plainhttp
 from serving import serve
+from tokenbelt.cli._ps import table
 
 NET = 500.0
 #: the shared head, in tokens: Codex's constant part is about this long
@@ -99,3 +103,66 @@ def short_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     flags = ("--n-ctx", "256", "--slots", "1")
     with serve(tmp, "smollm2-135m", flags=flags, timeout=NET) as (url, _):
         yield url
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with serve(tmp_path_factory.mktemp("default"), "smollm2-135m", timeout=NET) as (url, _):
+        yield url
+
+
+def test_a_long_prompts_reading_shows_in_the_stream_the_requests_metrics_and_ps(
+    default_server: str,
+) -> None:
+    """While a prompt of several steps is read, a streaming client that asks for it
+    gets llama.cpp's ``prompt_progress`` chunks, ``/v1/requests`` holds how far the
+    prefill has come, ``/metrics`` the tokens left, and ``tokenbelt ps`` says it."""
+    url = default_server
+    text = " ".join(f"line {i} of the log says the job ran." for i in range(56))
+    body = {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 1,
+        "stream": True,
+        "return_progress": True,
+        "cache_prompt": False,
+    }
+    seen: list[dict[str, Any]] = []
+    with (
+        httpx.Client(timeout=NET) as client,
+        client.stream("POST", f"{url}/v1/chat/completions", json=body) as answer,
+    ):
+        assert answer.status_code == 200
+        request_id = answer.headers["x-request-id"]
+        chunks = []
+        for line in answer.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            chunks.append(chunk)
+            if chunk.get("prompt_progress", {}).get("processed") and not seen:
+                # mid-prefill: every other view says the same
+                seen.append(client.get(f"{url}/v1/requests/{request_id}").json())
+                seen.append({"metrics": client.get(f"{url}/metrics").text})
+                health = client.get(f"{url}/health").json()
+                listed = client.get(f"{url}/v1/requests").json()["data"]
+                seen.append({"ps": table(health, listed)})  # what tokenbelt ps prints
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert progress, chunks[:3]
+    assert progress[0]["processed"] == 0  # admitted, nothing read yet
+    first = next(p for p in progress if p["processed"])
+    assert 0 < first["processed"] < first["total"], progress
+    assert first["time_ms"] > 0
+    assert first["cache"] == 0
+    assert chunks.index(next(c for c in chunks if "prompt_progress" in c)) == 0
+    assert all(c["choices"] == [] for c in chunks if "prompt_progress" in c)
+    assert any(c.get("choices") for c in chunks)  # then the reply, as always
+    trace, metrics, ps = seen
+    assert trace["prompt_tokens"] == first["total"]
+    assert 0 < trace["prompt_read"] < trace["prompt_tokens"]
+    left = re.search(
+        r'tokenbelt_prefill_tokens_left\{model="smollm2-135m"\} (\S+)', metrics["metrics"]
+    )
+    assert left is not None
+    assert float(left[1]) > 0
+    assert re.search(rf"\b{trace['prompt_read']}/{trace['prompt_tokens']} tok\b", ps["ps"])

@@ -95,6 +95,9 @@ class Trace:
         self.dropped_messages = 0
         #: prompt tokens whose KV cells came from the prefix cache instead of compute
         self.cached_tokens = 0
+        #: prompt tokens in the KV cache so far (cached or computed): how far a long
+        #: prompt's prefill has come while no token is out yet
+        self.prompt_read = 0
         self.completion_tokens = 0
         #: tokens drafted (prompt lookup) and verified in a step, and those of them the
         #: sampler accepted: each accepted one is a token that cost no step of its own
@@ -373,6 +376,7 @@ class Trace:
             "prompt_tokens": self.prompt_tokens,
             "dropped_messages": self.dropped_messages,
             "cached_tokens": self.cached_tokens,
+            "prompt_read": self.prompt_read,
             "completion_tokens": self.completion_tokens,
             "draft_tokens": self.draft_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,

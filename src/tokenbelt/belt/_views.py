@@ -153,6 +153,10 @@ class Producer(Generic[T]):
     def count_cached(self, tokens: int) -> None:
         self._belt.trace.cached_tokens = tokens
 
+    def count_read(self, tokens: int) -> None:
+        """``tokens`` of the prompt are in the KV cache so far (the prefill's progress)."""
+        self._belt.trace.prompt_read = tokens
+
     def count_draft(self, drafted: int, accepted: int) -> None:
         """The request's drafting totals: tokens drafted and verified, tokens accepted."""
         trace = self._belt.trace

@@ -3,6 +3,8 @@
 One ``GET /health``: for each model its state (and why it is not loaded), the memory it
 takes (weights, KV cache, prefix cache; the worker's resident set once measured), its
 slots and requests, its pin and when its keep-alive unloads it; then the memory budget.
+One ``GET /v1/requests``: the prompts being read now, and how far each has come (a
+long prompt's prefill is a busy server, not a hung one).
 """
 
 from __future__ import annotations
@@ -21,7 +23,22 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / (1 << 20):.0f} MiB"
 
 
-def _row(status: dict[str, Any]) -> list[str]:
+def reading(traces: list[dict[str, Any]]) -> dict[str, str]:
+    """Per model, the prompts being read now: ``read/total tok`` (several: summed)."""
+    read: dict[str, list[int]] = {}
+    for t in traces:
+        at = t.get("timeline_ms") or {}
+        if at.get("admitted") is None or at.get("first_token") is not None:
+            continue
+        if at.get("released") is not None or not t.get("prompt_tokens"):
+            continue
+        done = read.setdefault(t.get("model") or "", [0, 0])
+        done[0] += t.get("prompt_read", 0)
+        done[1] += t["prompt_tokens"]
+    return {model: f"{n}/{total} tok" for model, (n, total) in read.items()}
+
+
+def _row(status: dict[str, Any], prefill: dict[str, str]) -> list[str]:
     memory = status.get("memory") or {}
     parts = "-"
     if memory:
@@ -43,17 +60,20 @@ def _row(status: dict[str, Any]) -> list[str]:
         else "-"
         if expires is None
         else f"{expires:.0f} s",
+        prefill.get(status["name"], ""),
         status.get("unloaded_because") or "",
     ]
 
 
 _HEADER = ["MODEL", "STATE", "MEMORY", "WEIGHTS/KV/CACHE", "SLOTS", "RUN/QUEUED", "PINNED",
-           "UNLOADS IN", "WHY NOT LOADED"]  # fmt: skip
+           "UNLOADS IN", "READING PROMPT", "WHY NOT LOADED"]  # fmt: skip
 
 
-def table(health: dict[str, Any]) -> str:
-    """The text ``tokenbelt ps`` prints for a ``/health`` body."""
-    rows = [_HEADER] + [_row(s) for s in health.get("model_status", {}).values()]
+def table(health: dict[str, Any], traces: list[dict[str, Any]] | None = None) -> str:
+    """The text ``tokenbelt ps`` prints for a ``/health`` body (and ``/v1/requests``'s
+    traces: the prompts being read)."""
+    prefill = reading(traces or [])
+    rows = [_HEADER] + [_row(s, prefill) for s in health.get("model_status", {}).values()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     memory = health.get("memory") or {}
@@ -76,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         response = httpx.get(f"{root}/health", headers=headers, timeout=10.0)
         body = response.json()
+        recent = httpx.get(f"{root}/v1/requests", headers=headers, timeout=10.0)
+        traces = recent.json().get("data", []) if recent.status_code == 200 else []
     except httpx.HTTPError as exc:
         fail(f"cannot reach {root}: {exc} (is tokenbelt serve running there? give --url)")
     except ValueError:
@@ -84,8 +106,12 @@ def main(args: argparse.Namespace) -> int:
         if args.api_key:
             fail(f"{root} did not accept this API key: give the server's own (--api-key)")
         fail(f"{root} keeps model details for key holders: give --api-key (or TOKENBELT_API_KEY)")
-    shown = {"models": body["model_status"], "memory": body.get("memory")}
-    print(json.dumps(shown, indent=2) if args.json else table(body))
+    shown = {
+        "models": body["model_status"],
+        "memory": body.get("memory"),
+        "reading": reading(traces),
+    }
+    print(json.dumps(shown, indent=2) if args.json else table(body, traces))
     return 0
 
 

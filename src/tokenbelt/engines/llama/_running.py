@@ -185,6 +185,7 @@ class Running:
         if reuse > 0:
             seq.n_past = reuse
             seq.producer.count_cached(reuse)
+            seq.producer.count_read(reuse)
 
     def _wait_room(self, seq: Sequence) -> None:
         """Leave a full sequence out; the read that makes room wakes the loop."""
@@ -208,6 +209,8 @@ class Running:
             return
         for seq, k, _ in rows:
             seq.n_past += k - len(seq.draft)  # a draft's cells count once verified
+            if seq.n_past <= seq.n_prompt:
+                seq.producer.count_read(seq.n_past)  # the prefill's progress
         if len(rows) > 1:
             self._note_peers(seqs)
         with self.sampling():

@@ -45,6 +45,7 @@ from ._messages import (
     Ping,
     Pong,
     Prompt,
+    Read,
     Ready,
     Reasoning,
     Release,
@@ -300,6 +301,9 @@ class _Forward(Producer[Any]):
 
     def count_cached(self, tokens: int) -> None:
         self._link.send(Cached(self.rid, tokens))
+
+    def count_read(self, tokens: int) -> None:
+        self._link.send(Read(self.rid, tokens))
 
     def count_draft(self, drafted: int, accepted: int) -> None:
         # Sent with the release: the engine counts them once, as it lets go.

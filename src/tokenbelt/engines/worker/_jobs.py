@@ -77,6 +77,8 @@ class Job:
                 p.count_prompt(n)
             case msg.Cached(_, n):
                 p.count_cached(n)
+            case msg.Read(_, n):
+                p.count_read(n)
             case msg.Reasoning(_, at, _, _, True):
                 p.trace.mark_answer(at)
             case msg.Reasoning(_, at, tokens, ended_by):

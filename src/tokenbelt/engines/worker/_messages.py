@@ -11,8 +11,9 @@ ten times a tuple, and an ``Item`` crosses the pipe for every token.
 Parent to worker: ``Load`` (the first message, once), then ``Start``, ``Cancel``,
 ``Credit``, ``Ping`` (the heartbeat) and ``Close``. Worker to parent: ``Ready`` or
 ``LoadError`` (once), ``Pong`` (the heartbeat's answer, between two steps), then per
-request ``Admit``, ``Prompt``, ``Cached``, ``Item``\\ s (and a thinking model's
-``Reasoning`` marks), one end (``Finish``, ``Fail`` or ``Cancel``) and ``Release``.
+request ``Admit``, ``Prompt``, ``Cached``, ``Read``\\ s (the prefill's progress),
+``Item``\\ s (and a thinking model's ``Reasoning`` marks), one end (``Finish``, ``Fail``
+or ``Cancel``) and ``Release``.
 What one decode step made for all its requests (each one's item, an end, a release)
 crosses as one ``Step`` frame: one write, one read and one wake-up of the parent per
 step rather than per token (``messages`` unpacks any frame into its messages).
@@ -136,6 +137,14 @@ class Cached:
 
 
 @dataclass(frozen=True, slots=True)
+class Read:
+    """``n`` of the prompt's tokens are in the KV cache (cached or computed) so far."""
+
+    rid: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
 class Item:
     """One item for the request's belt, and the tokens counted since the last count."""
 
@@ -210,7 +219,7 @@ class Pong:
 ToWorker = Load | Start | Cancel | Credit | Close | Ping
 #: what the worker sends
 ToParent = (
-    Ready | LoadError | Admit | Prompt | Cached | Item | Reasoning
+    Ready | LoadError | Admit | Prompt | Cached | Read | Item | Reasoning
     | Finish | Fail | Cancel | Release | Pong
 )  # fmt: skip
 
@@ -218,7 +227,7 @@ ToParent = (
 #: every kind, numbered by its place here (the number goes on the pipe)
 _KINDS: tuple[type[Any], ...] = (
     Load, Start, Credit, Close, Cancel, Ready, LoadError, Admit, Prompt, Cached, Item,
-    Finish, Fail, Release, Reasoning, Ping, Pong, Step,
+    Finish, Fail, Release, Reasoning, Ping, Pong, Step, Read,
 )  # fmt: skip
 _CODES = {kind: code for code, kind in enumerate(_KINDS)}
 

@@ -64,6 +64,7 @@ from ._path import (
     until_end,
 )
 from ._private import admin_asked, public, scrub
+from ._progress import prompt_progress, with_progress
 from ._responses import DeferredResponse, EventStreamResponse, named_sse, ndjson, sse
 from ._shutdown import GracefulServer
 from ._state import ServerSettings, ServerState
@@ -117,6 +118,7 @@ __all__ = [
     "ndjson",
     "openai_shape",
     "plan_tools",
+    "prompt_progress",
     "public",
     "ranges",
     "response_for",
@@ -127,4 +129,5 @@ __all__ = [
     "think_said_as",
     "tokenbelt_final",
     "until_end",
+    "with_progress",
 ]

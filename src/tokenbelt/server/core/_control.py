@@ -70,7 +70,7 @@ async def health(path: Serving) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
 async def metrics(path: Serving) -> Response:
-    path.state.metrics.refresh_gauges()
+    path.state.metrics.refresh_gauges(path.state.recent(path.state.settings.recent_requests))
     registry = path.state.metrics.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

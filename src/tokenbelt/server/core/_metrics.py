@@ -12,13 +12,13 @@ import collections
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from ...belt import EndReason, TraceEvent, invariants
+from ...belt import EndReason, Trace, TraceEvent, invariants
 from ...engines import BatchStatistics, EngineStatistics, UpstreamStatistics, WorkerStatistics
 from ...runtime import ModelStatus, SchedulerStatistics
 
@@ -141,6 +141,13 @@ class Metrics:
         self.running = Gauge(
             "tokenbelt_running_requests", "Requests holding a slot.", ["model"], registry=r
         )
+        self.prefill_left = Gauge(
+            "tokenbelt_prefill_tokens_left",
+            "Prompt tokens still to be read by requests whose prefill is under way (a busy "
+            "server reading a long prompt, not a hung one).",
+            ["model"],
+            registry=r,
+        )
         self._stats = stats
         # request id -> api, set just before a request is submitted. Kept past the release
         # (a release-lag alert may follow it), bounded by forgetting the oldest.
@@ -176,11 +183,20 @@ class Metrics:
                     self._refusal_series.add(key)
         self.refusals.labels(key[0], str(status), key[2]).inc()
 
-    def refresh_gauges(self) -> None:
-        """Read queue depth and running requests from the schedulers (at scrape time)."""
+    def refresh_gauges(self, recent: Iterable[Trace] = ()) -> None:
+        """Read queue depth and running requests from the schedulers, and the prefill
+        still to do from the ``recent`` traces (at scrape time)."""
+        left: dict[str, int] = {}
         for name, s in self._stats().items():
             self.queue_depth.labels(name).set(s.queued)
             self.running.labels(name).set(s.running)
+            left[name] = 0
+        for t in recent:
+            if t.admitted is not None and t.first_token is None and t.released is None:
+                model = t.model or ""
+                left[model] = left.get(model, 0) + max(0, t.prompt_tokens - t.prompt_read)
+        for name, tokens in left.items():
+            self.prefill_left.labels(name).set(tokens)
 
     def observe(self, event: TraceEvent) -> None:
         """A trace observer: count a request once, at its release."""

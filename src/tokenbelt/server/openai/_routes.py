@@ -35,6 +35,7 @@ from ..core import (
     public,
     think_said_as,
     tokenbelt_final,
+    with_progress,
 )
 from . import _embeddings, _tools
 from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
@@ -381,6 +382,15 @@ def _respond(
     first, others = choices[0].stream, [c.stream for c in choices[1:]]
     if body.stream:
         events = _events(choices, model.name, body, chat, echo, plans, prompt_ids)
+        if body.return_progress:
+            head: dict[str, Any] = {
+                "id": first.request_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model.name,
+                "choices": [],
+            }
+            events = with_progress(first.trace, events, lambda p: {**head, "prompt_progress": p})
         return path.streaming(first, events, also=others)
     scored = bool(body.sampling().get("logprobs"))
 

@@ -122,6 +122,12 @@ class _Sampling(BaseModel):
     return_token_ids: bool = Field(
         False, description="the prompt's and the reply's token ids, as vLLM returns them"
     )
+    return_progress: bool = Field(
+        False,
+        description="stream only: until the first token, a chunk with no choices and "
+        "llama.cpp's prompt_progress (total, cache, processed, time_ms) whenever more of "
+        "the prompt has been read",
+    )
     cache_prompt: bool = Field(
         True,
         description="false: compute the whole prompt, reusing no cached prefix (true, the "

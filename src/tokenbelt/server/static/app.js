@@ -775,8 +775,29 @@
     return box.querySelector(".thinking-text");
   }
 
+  /** A long prompt's prefill: a bar that fills as the server reads it, gone at the first token. */
+  function showPrompt(current, progress) {
+    let bar = current.node.querySelector("[data-testid=prompt-progress]");
+    if (!bar) {
+      bar = el("div", { className: "prompt-progress", testid: "prompt-progress" }, [
+        el("progress", { max: 1, value: 0 }),
+        el("span", { testid: "prompt-progress-text" }),
+      ]);
+      current.node.querySelector(".content").before(bar);
+    }
+    const share = progress.total ? progress.processed / progress.total : 0;
+    bar.querySelector("progress").value = share;
+    bar.querySelector("span").textContent = `reading the prompt: ${progress.processed} of ${progress.total} tokens` +
+      (progress.cache ? ` (${progress.cache} from the cache)` : "");
+  }
+
   function onChunk(chunk, current) {
     const tb = chunk.tokenbelt || {};
+    if (chunk.prompt_progress) {
+      showPrompt(current, chunk.prompt_progress);
+      return;
+    }
+    current.node.querySelector("[data-testid=prompt-progress]")?.remove();
     const choice = (chunk.choices || [])[0];
     const thought = choice && choice.delta && choice.delta.reasoning_content;
     if (thought) {
@@ -847,7 +868,8 @@
     const messages = [];
     if (settings.system) messages.push({ role: "system", content: settings.system });
     messages.push(...history(conv.turns), { role: "user", content: text });
-    const body = { messages, stream: true, stream_options: { include_usage: true }, ...settings.values };
+    // return_progress: while a long prompt is read, chunks say how far (a progress bar)
+    const body = { messages, stream: true, stream_options: { include_usage: true }, return_progress: true, ...settings.values };
     if (body.max_tokens === undefined) body.max_tokens = DEFAULT_MAX_TOKENS;
     if (model) body.model = model;
 
