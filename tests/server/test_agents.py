@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,8 @@ def test_a_long_prompts_reading_shows_in_the_stream_the_requests_metrics_and_ps(
     gets llama.cpp's ``prompt_progress`` chunks, ``/v1/requests`` holds how far the
     prefill has come, ``/metrics`` the tokens left, and ``tokenbelt ps`` says it."""
     url = default_server
-    text = " ".join(f"line {i} of the log says the job ran." for i in range(56))
+    # new words: no prefix cache (in memory or on disk) holds them
+    text = " ".join(f"line {i} of log {uuid.uuid4().hex[:8]} says the job ran." for i in range(40))
     body = {
         "model": "smollm2-135m",
         "messages": [{"role": "user", "content": text}],

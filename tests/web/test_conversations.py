@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -493,3 +494,45 @@ def test_the_request_panel_says_which_requests_ran_together(laptop: Page, server
     expect(row.get_by_test_id("batched-with")).to_have_attribute(
         "title", re.compile(re.escape(second))
     )
+
+
+def test_a_long_prompt_shows_how_far_it_was_read_and_the_phone_page_stays_on_screen(
+    browser: Browser, server_url: str, artifacts: Path
+) -> None:
+    """At 390 px, with the settings and every panel open, a prompt of several prefill
+    steps shows a bar that fills as the server reads it (``return_progress``), nothing
+    sticks out of the screen, and the bar goes at the first token."""
+    for page in _open(browser, server_url, "phone"):
+        _settings(page, **{"max-tokens": "2", "temperature": "0"})
+        for panel in ("conversations-panel", "recent-panel"):
+            _open_panel(page, panel)
+        # Every text the bar shows, as it shows it (a fast machine reads the prompt in
+        # less time than a poll takes).
+        page.evaluate(
+            """() => {
+                window.seenProgress = [];
+                new MutationObserver(() => {
+                    const text = document.querySelector('[data-testid=prompt-progress-text]');
+                    if (text && text.textContent) window.seenProgress.push(
+                        [text.textContent, text.getBoundingClientRect().right]);
+                }).observe(document.body, {subtree: true, childList: true, characterData: true});
+            }"""
+        )
+        # new words: no prefix cache (in memory or on disk) holds them
+        words = " ".join(
+            f"line {i} of log {uuid.uuid4().hex[:8]} says the job ran." for i in range(40)
+        )
+        page.fill("#prompt", words)
+        page.press("#prompt", "Enter")
+        expect(page.locator("[data-testid=reply][data-end-reason]")).to_have_count(
+            1, timeout=60_000
+        )
+        seen = page.evaluate("window.seenProgress")
+        texts = [text for text, _ in seen]
+        assert any(re.fullmatch(r"reading the prompt: [1-9]\d* of \d+ tokens", t) for t in texts), (
+            seen
+        )
+        assert all(right <= 390 for _, right in seen), seen
+        expect(page.get_by_test_id("prompt-progress")).to_have_count(0)  # gone at the reply
+        assert _overflowing(page) == []
+        page.screenshot(path=str(artifacts / "web-prompt-progress-phone.png"), full_page=True)
