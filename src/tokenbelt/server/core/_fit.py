@@ -125,10 +125,21 @@ def fit_messages(
             return without(start), start - head
     least = tokens(last)
     said = f"{least} prompt tokens, more" if least is not None else "more prompt tokens"
+    trained = model.info.get("context_length")
+    larger = (
+        f"the model was trained on {trained} tokens: load it with a larger context "
+        "(tokenbelt serve --n-ctx) up to that, or past it with --force-n-ctx"
+        if trained and trained > window
+        else f"this is the {trained} tokens the model was trained on: past them, "
+        "--n-ctx needs --force-n-ctx"
+        if trained
+        else "load it with a larger context (tokenbelt serve --n-ctx)"
+    )
     raise PromptTooLong(
-        f"the latest message{' with the system messages' if head else ''} takes {said} "
-        f"than a context window of {window} tokens holds with room for a reply, even with "
-        "every earlier turn left out"
+        f"the latest message{' with the system messages' if head else ''}"
+        f"{' and the tools' if request.tools else ''} takes {said} than a context window "
+        f"of {window} tokens holds with room for a reply, even with every earlier turn left "
+        f"out: {larger}"
     )
 
 
