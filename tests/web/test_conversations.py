@@ -529,9 +529,7 @@ def test_a_long_prompt_shows_how_far_it_was_read_and_the_phone_page_stays_on_scr
         )
         seen = page.evaluate("window.seenProgress")
         texts = [text for text, _ in seen]
-        assert any(re.match(r"reading the prompt: [1-9]\d* of \d+ tokens", t) for t in texts), (
-            seen
-        )
+        assert any(re.match(r"reading the prompt: [1-9]\d* of \d+ tokens", t) for t in texts), seen
         assert all(right <= 390 for _, right in seen), seen
         expect(page.get_by_test_id("prompt-progress")).to_have_count(0)  # gone at the reply
         assert _overflowing(page) == []
