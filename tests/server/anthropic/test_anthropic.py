@@ -765,7 +765,7 @@ def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) ->
         timeout=NET,
     )
     # Every field, block and tool schema passed (the tools' grammar is planned before the
-    # count): what stops it is only its length, beyond this server's 8,192 per sequence (the model's own).
+    # count): what stops it is only its length, past this server's 8,192 per sequence.
     assert answer.status_code == 400, answer.text
     asked = plainhttp.post(
         f"{served.url}/v1/messages",
