@@ -267,7 +267,9 @@ def missing_model_file(alias: str) -> str | None:
     path = Path(alias).expanduser()
     looks_like_path = alias.endswith(".gguf") or "/" in alias or os.sep in alias
     if looks_like_path and not path.is_file():
-        return str(path)
+        from ..models import is_speech_model
+
+        return None if is_speech_model(str(path)) else str(path)
     return None
 
 

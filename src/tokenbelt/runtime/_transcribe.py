@@ -155,7 +155,7 @@ def check_options(
     if task == "translate" and not info.translates:
         raise InvalidArgument(
             f"model {info.name} is English-only: it transcribes English speech and cannot "
-            "translate; use /v1/audio/transcriptions, or load a multilingual Whisper model",
+            "translate; ask for a transcription, or load a multilingual Whisper model",
             param="model",
         )
     if language is not None:

@@ -36,7 +36,7 @@ from ..core import (
     think_said_as,
     tokenbelt_final,
 )
-from . import _embeddings, _tools
+from . import _audio, _embeddings, _tools
 from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
 from ._reasons import finish_reason
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -493,3 +493,4 @@ async def completions(
 
 
 router.include_router(_embeddings.router)
+router.include_router(_audio.router)
