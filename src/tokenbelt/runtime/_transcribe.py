@@ -214,11 +214,11 @@ class TranscriptionCalls(EngineCalls):
         ``temperature`` or ``model`` (``task="translate"`` on an English-only model).
         The deadlines count from the queueing (``first_token``: the first segment).
         """
-        data = audio_bytes(audio)
+        # Decoded before the model is asked for: bad audio never loads or queues anything.
+        samples = decode_audio(audio_bytes(audio), max_seconds=max_seconds)
 
         def prepare(engine: Any) -> tuple[TranscriptionRequest, int]:
             check_options(self._speech(engine).speech_info(), language, prompt, temperature, task)
-            samples = decode_audio(data, max_seconds=max_seconds)
             request = TranscriptionRequest(
                 samples,
                 language=language,

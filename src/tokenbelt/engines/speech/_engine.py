@@ -65,6 +65,8 @@ class _Running:
         self.producer = producer
         self.on_exit = on_exit
         self.done = False
+        #: the stop grace's timer, armed by a cancel, disarmed by the release
+        self.grace: threading.Timer | None = None
 
 
 class SpeechEngine:
@@ -204,6 +206,8 @@ class SpeechEngine:
             if self._running is running:
                 self._running = None
             self._served += 1
+            if running.grace is not None:
+                running.grace.cancel()
         try:
             if running.on_exit is not None:
                 running.on_exit()
@@ -279,11 +283,16 @@ class SpeechEngine:
 
         def cancelled(reason: EndReason) -> None:
             self._send(("cancel", running.job))
-            timer = threading.Timer(
-                self.config.stop_grace, self._kill_if_late, args=(running, process)
-            )
-            timer.daemon = True
-            timer.start()
+            with self._lock:
+                if running.done:  # released already: nothing to watch
+                    return
+                timer = threading.Timer(
+                    self.config.stop_grace, self._kill_if_late, args=(running, process)
+                )
+                timer.daemon = True
+                timer.name = f"tokenbelt-speech-grace-{running.job}"
+                running.grace = timer
+                timer.start()
 
         # Sent before the cancel hook: a request cancelled already is sent its cancel after.
         self._send(("start", running.job, request))
