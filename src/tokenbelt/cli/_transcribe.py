@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     if not Path(args.file).is_file():
         fail(f"file not found: {args.file}")
     with Runtime(keep_alive=None) as runtime:
-        model = runtime.load(args.model)
+        model = runtime.load(args.model, lazy=True)  # bad audio is refused before a load
         stream = model.transcription(args.file, language=args.language, prompt=args.prompt)
         first = True
         try:
