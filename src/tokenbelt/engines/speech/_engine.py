@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..._errors import IllegalState, LoadTimeout, ModelLoadError, WorkerCrashed
+from ..._errors import Cancelled, IllegalState, LoadTimeout, ModelLoadError, WorkerCrashed
 from ...belt import EndReason, Producer
 from .._base import OnExit, check_can_start
 from .._statistics import EngineStatistics
@@ -192,8 +192,7 @@ class SpeechEngine:
         producer = running.producer
         try:
             producer.put(segment)  # waits for room; raises once cancelled
-        except Exception as exc:  # the cancel was sent
-            logger.warning("put failed: %r", exc)
+        except Cancelled:  # on_cancel sent the cancel; the worker answers "ended"
             return
         producer.count_token()
         self._send(("go", running.job))
