@@ -114,6 +114,9 @@ def test_what_a_model_cannot_do_names_the_parameter(
     with pytest.raises(InvalidArgument) as caught:
         whisper.transcribe(b"not audio" * 50)
     assert caught.value.param == "file"
+    with pytest.raises(InvalidArgument, match="speech model") as caught:
+        whisper.complete("hello")
+    assert caught.value.param == "model"
     chat = next(m for name, m in runtime.models.items() if name != "whisper-tiny-en")
     with pytest.raises(InvalidArgument, match="not a speech model") as caught:
         chat.transcribe(clips["short"])

@@ -26,7 +26,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..._errors import Cancelled, IllegalState, LoadTimeout, ModelLoadError, WorkerCrashed
+from ..._errors import (
+    Cancelled,
+    IllegalState,
+    InvalidArgument,
+    LoadTimeout,
+    ModelLoadError,
+    WorkerCrashed,
+)
 from ...belt import EndReason, Producer
 from .._base import OnExit, check_can_start
 from .._statistics import EngineStatistics
@@ -259,7 +266,14 @@ class SpeechEngine:
         )
 
     def count_prompt_tokens(self, request: Any) -> int:
-        """A transcription has no prompt to count (its prompt text is Whisper's own)."""
+        """A transcription has no prompt to count (its prompt text is Whisper's own);
+        anything else (a chat) is refused before it queues (``InvalidArgument``)."""
+        if not isinstance(request, TranscriptionRequest):
+            raise InvalidArgument(
+                f"model {self.name} is a speech model: it transcribes audio "
+                "(/v1/audio/transcriptions, Model.transcribe) and does not chat",
+                param="model",
+            )
         return 0
 
     def start(self, request: Any, producer: Producer[Any], on_exit: OnExit | None = None) -> None:
