@@ -276,11 +276,47 @@ async def _serve(request: Request, path: Serving, task: str) -> Response:
     return answer_transcription(stream, _render(form, task, stream), shape=openai_shape)
 
 
-@router.post("/v1/audio/transcriptions", summary="Speech to text (OpenAI), whole or streamed")
+#: the form, for the OpenAPI document (the route reads it itself, to name a bad field)
+FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "model": {"type": "string"},
+                        "language": {"type": "string"},
+                        "prompt": {"type": "string"},
+                        "response_format": {"type": "string", "enum": list(FORMATS)},
+                        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+                        "timestamp_granularities[]": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": list(GRANULARITIES)},
+                        },
+                        "stream": {"type": "boolean"},
+                        "tokenbelt": {"type": "string", "description": "request options, JSON"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/audio/transcriptions",
+    summary="Speech to text (OpenAI), whole or streamed",
+    openapi_extra=FORM,
+)
 async def transcriptions(request: Request, path: Serving) -> Response:
     return await _serve(request, path, "transcribe")
 
 
-@router.post("/v1/audio/translations", summary="Speech to English text (OpenAI)")
+@router.post(
+    "/v1/audio/translations", summary="Speech to English text (OpenAI)", openapi_extra=FORM
+)
 async def translations(request: Request, path: Serving) -> Response:
     return await _serve(request, path, "translate")
