@@ -8,8 +8,13 @@ speech (16 different sentences), in the same run:
 - **direct**: ``faster_whisper.WhisperModel(...).transcribe`` in this process, at each
   thread count of ``--threads``; the fastest is the baseline;
 - **sdk**: ``model.transcribe(path)`` (decoding, queueing, the worker process, the belt);
-- **http**: ``POST /v1/audio/transcriptions`` to a server on 127.0.0.1 (in this process,
-  on a thread), whole, and streamed for the time to its first text.
+- **http**: ``POST /v1/audio/transcriptions`` to ``tokenbelt serve whisper-tiny-en`` on
+  127.0.0.1 (a process of its own, as a user runs it), whole, and streamed for the time
+  to its first text.
+
+Each round runs every side once, next to the others; the figures are medians over
+``--rounds`` and the ratios medians of each round's ratio (direct's best thread count in
+that round over the side).
 
 Real-time factor is seconds of work per second of audio (lower is faster);
 ``sdk_ratio`` and ``http_ratio`` are direct's best over each (target >= 0.95).
@@ -25,12 +30,12 @@ On a machine whose cores are shared with other work, every figure swings.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,21 +64,6 @@ def direct(path: Path, audio: Path, threads: int) -> float:
     text = "".join(s.text for s in segments)
     assert text
     return time.perf_counter() - started
-
-
-def serve(runtime: Runtime) -> tuple[str, Any, threading.Thread]:
-    import uvicorn
-
-    from tokenbelt.server import ServerSettings, create_app
-
-    port = _harness.free_port()
-    app = create_app(runtime, ServerSettings())
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", server, thread
 
 
 def http_whole(url: str, audio: Path) -> float:
@@ -124,44 +114,55 @@ def chat_rate(chat: Any, tokens: int) -> float:
 def measure(args: Any) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="tokenbelt-bench-"))
     audio = speech.speak(" ".join(speech.MINUTE), folder / "minute.wav")
-    seconds = len(speech.samples(audio)[0]) / speech.samples(audio)[1]
+    data, rate = speech.samples(audio)
+    seconds = len(data) / rate
     path = resolve_speech("whisper-tiny-en").path
-    best: dict[int, float] = {}
-    for threads in args.threads:
-        best[threads] = min(direct(path, audio, threads) for _ in range(args.rounds))
-    best_threads = min(best, key=lambda t: best[t])
-    with Runtime(keep_alive=None) as runtime:
+    rounds: list[dict[str, Any]] = []
+    command = [sys.executable, "-m", "tokenbelt", "serve", "whisper-tiny-en", "--port"]
+    port = _harness.free_port()
+    with (
+        Runtime(keep_alive=None) as runtime,
+        _harness.server_process([*command, str(port)], port) as url,
+    ):
         chat = runtime.load(str(default_model_path()))
         model = runtime.load("whisper-tiny-en")
-        sdk = min(model.transcribe(audio).trace.end_to_end or 0.0 for _ in range(args.rounds))
+        # Rounds side by side: each runs every side once, so drift hits all of them.
+        for _ in range(args.rounds):
+            by_threads = {t: direct(path, audio, t) for t in args.threads}
+            sdk = model.transcribe(audio).trace.end_to_end or 0.0
+            rounds.append(
+                {
+                    "direct": by_threads,
+                    "sdk": sdk,
+                    "http": http_whole(url, audio),
+                    "first": http_first_text(url, audio),
+                }
+            )
         lags = stops(model, audio, args.stops)
         alone = chat_rate(chat, args.chat_tokens)
         running = model.transcription(audio)
         beside = chat_rate(chat, args.chat_tokens)
         running.close()
         running.wait_released(120)
-        # Last: the server's shutdown drains the runtime's models.
-        url, server, thread = serve(runtime)
-        try:
-            http = min(http_whole(url, audio) for _ in range(args.rounds))
-            first = statistics.median(http_first_text(url, audio) for _ in range(args.rounds))
-        finally:
-            server.should_exit = True
-            thread.join(30)
+    med = statistics.median
+    best = {t: med(r["direct"][t] for r in rounds) for t in args.threads}
+    best_threads = min(best, key=lambda t: best[t])
     direct_s = best[best_threads]
+    sdk_s, http_s = med(r["sdk"] for r in rounds), med(r["http"] for r in rounds)
     return {
         "audio_seconds": round(seconds, 2),
-        "cores": __import__("os").cpu_count(),
+        "cores": os.cpu_count(),
+        "rounds": args.rounds,
         "direct_s_by_threads": {str(t): round(s, 3) for t, s in best.items()},
         "direct_best_threads": best_threads,
         "direct_rtf": round(direct_s / seconds, 4),
-        "sdk_rtf": round(sdk / seconds, 4),
-        "http_rtf": round(http / seconds, 4),
-        "sdk_ratio": round(direct_s / sdk, 3),
-        "http_ratio": round(direct_s / http, 3),
-        "words_per_s_sdk": round(sum(len(s.split()) for s in speech.MINUTE) / sdk, 1),
-        "first_text_s_http_stream": round(first, 3),
-        "stop_lag_ms_p50": round(statistics.median(lags) * 1000, 1),
+        "sdk_rtf": round(sdk_s / seconds, 4),
+        "http_rtf": round(http_s / seconds, 4),
+        "sdk_ratio": round(med(min(r["direct"].values()) / r["sdk"] for r in rounds), 3),
+        "http_ratio": round(med(min(r["direct"].values()) / r["http"] for r in rounds), 3),
+        "words_per_s_sdk": round(sum(len(s.split()) for s in speech.MINUTE) / sdk_s, 1),
+        "first_text_s_http_stream": round(med(r["first"] for r in rounds), 3),
+        "stop_lag_ms_p50": round(med(lags) * 1000, 1),
         "stop_lag_ms_p95": round(_harness.percentile(lags, 0.95) * 1000, 1),
         "stop_lag_ms_max": round(max(lags) * 1000, 1),
         "stops": len(lags),
@@ -187,7 +188,7 @@ def table(result: dict[str, Any]) -> None:
     ]
     _harness.print_measures(
         f"transcription of {result['audio_seconds']} s of speech, {result['cores']} cores, "
-        f"direct by threads {result['direct_s_by_threads']}",
+        f"{result['rounds']} rounds, direct s by threads {result['direct_s_by_threads']}",
         rows,
         40,
     )
@@ -201,7 +202,7 @@ def table(result: dict[str, Any]) -> None:
 def main() -> None:
     p = _harness.parser(__doc__)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--stops", type=int, default=8)
     p.add_argument("--chat-tokens", type=int, default=64)
     args = _harness.parse(p)

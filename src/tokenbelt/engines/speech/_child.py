@@ -101,9 +101,7 @@ def _run(conn: Connection, send: threading.Lock, model: Any, ct2: Any, job: _Job
         for seg in segments:
             with send:
                 conn.send(("segment", job.id, _segment(seg)))
-            while not job.go.wait(0.5):
-                if job.stop.is_set():
-                    raise _Stopped
+            job.go.wait()
             job.go.clear()
             if job.stop.is_set():
                 raise _Stopped
@@ -150,7 +148,12 @@ def main(conn: Connection, path: str, threads: int) -> None:
                     current[job.id] = job
                     jobs.put(job)
                 elif (job_ := current.get(msg[1])) is not None:
-                    (job_.stop if msg[0] == "cancel" else job_.go).set()
+                    if msg[0] == "cancel":
+                        job_.stop.set()
+                    job_.go.set()  # a cancel wakes a decode waiting for its credit too
+        for job_ in list(current.values()):  # the parent is gone or closing: stop
+            job_.stop.set()
+            job_.go.set()
         jobs.put(None)
 
     threading.Thread(target=read, name="tokenbelt-speech-reader", daemon=True).start()
