@@ -108,7 +108,10 @@ def resolve_speech(alias: str) -> SpeechModel:
             verified=False,
             weights_bytes=(path / "model.bin").stat().st_size,
         )
-    folder = distribution_file(entry.distribution, f"{entry.folder}/model.bin").parent
+    try:
+        folder = distribution_file(entry.distribution, f"{entry.folder}/model.bin").parent
+    except UnknownModel as exc:
+        raise UnknownModel(f"{exc}; or pip install 'tokenbelt[speech]'") from exc
     for name, (size, sha256) in entry.files.items():
         path = folder / name
         if not path.is_file():

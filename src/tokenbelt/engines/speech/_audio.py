@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from ..._errors import InvalidArgument
+from ..._errors import InvalidArgument, ModelLoadError
 from ._request import SAMPLE_RATE
 
 #: the formats the tests prove (FFmpeg reads many more)
@@ -46,9 +46,13 @@ def decode_audio(data: bytes, *, max_seconds: float | None = None) -> Any:
     ``max_seconds`` (checked from the header first where it says, so a long file is
     refused before it is decoded).
     """
-    import av
-    from faster_whisper.audio import decode_audio as decode
-
+    try:
+        import av
+        from faster_whisper.audio import decode_audio as decode
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"speech to text needs faster-whisper and PyAV ({exc}): pip install 'tokenbelt[speech]'"
+        ) from exc
     if not data:
         raise InvalidArgument("file is empty: send an audio file", param="file")
     try:
