@@ -10,13 +10,15 @@ memory budget that counts both), the clips spoken once.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import speech
-from tokenbelt import Cancelled, EndReason, InvalidArgument, Limits, Runtime
+from tokenbelt import Cancelled, EndReason, InvalidArgument, Limits, Runtime, WorkerCrashed
 from tokenbelt.models import default_model_path
 
 pytestmark = pytest.mark.model
@@ -121,3 +123,24 @@ def test_what_a_model_cannot_do_names_the_parameter(
     with pytest.raises(InvalidArgument, match="not a speech model") as caught:
         chat.transcribe(clips["short"])
     assert caught.value.param == "model"
+
+
+def test_a_crashed_worker_fails_its_request_and_the_next_one_is_served(
+    clips: dict[str, Path],
+) -> None:
+    # A runtime of its own: the restarted worker's threads end with it.
+    with Runtime(keep_alive=None) as own:
+        model = own.load("whisper-tiny-en")
+        stream = model.transcription(clips["minute"])
+        pid = stream.trace.worker["pid"] if stream.trace.worker else None
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerCrashed):
+            stream.read()
+        assert stream.end_reason is EndReason.RUNTIME_ERROR
+        assert stream.wait_released(30)
+        # Queued at once: it waits for the worker that is starting again, then runs there.
+        again = model.transcribe(clips["short"])
+        assert speech.word_match(again.text, speech.SHORT) >= speech.WORD_MATCH
+        assert again.trace.worker is not None
+        assert again.trace.worker["pid"] != pid

@@ -72,6 +72,8 @@ class _Running:
         self.producer = producer
         self.on_exit = on_exit
         self.done = False
+        #: the request, while it waits for a worker that is starting again
+        self.pending: TranscriptionRequest | None = None
         #: the stop grace's timer, armed by a cancel, disarmed by the release
         self.grace: threading.Timer | None = None
 
@@ -156,8 +158,18 @@ class SpeechEngine:
             process.wait(5)
             raise ModelLoadError(f"speech model {self.name} ({self.path}): {msg[1]}")
         self._info = msg[1]
-        with self._lock:
-            self._conn, self._process = parent, process
+        # Under the send lock: a request that waited for this worker is sent its start
+        # before anything else (its cancel, if one comes now, follows it).
+        with self._send_lock:
+            with self._lock:
+                self._conn, self._process = parent, process
+                running = self._running
+                pending = running.pending if running is not None else None
+                if running is not None:
+                    running.pending = None
+            if running is not None and pending is not None:
+                running.producer.trace.worker = {"pid": process.pid}
+                parent.send(("start", running.job, pending))
         threading.Thread(
             target=self._read, args=(parent, process), name="tokenbelt-speech-relay", daemon=True
         ).start()
@@ -236,13 +248,18 @@ class SpeechEngine:
         if closed:
             return
         logger.warning(
-            "speech worker %s ended (code %s); starting it again", process.pid, process.exitcode
+            "speech worker %s ended (code %s); starting it again", process.pid, process.returncode
         )
         try:
             self._restarts += 1
             self._spawn()
-        except Exception:
+        except Exception as exc:
             logger.exception("speech worker %s could not be started again", self.name)
+            with self._lock:
+                waiting = self._running
+            if waiting is not None and waiting.pending is not None:
+                waiting.producer.fail(WorkerCrashed(f"the speech worker did not restart: {exc}"))
+                self._release(waiting)
 
     def _kill_if_late(self, running: _Running, process: Any) -> None:
         if running.done or self._process is not process:
@@ -277,24 +294,33 @@ class SpeechEngine:
         return 0
 
     def start(self, request: Any, producer: Producer[Any], on_exit: OnExit | None = None) -> None:
-        """Send ``request`` to the worker; never blocks. ``IllegalState`` when closed,
-        busy, or not a ``TranscriptionRequest``."""
+        """Send ``request`` to the worker (or, while a crashed worker starts again, to
+        the new one once it is ready); never blocks. ``IllegalState`` when closed, busy,
+        or not a ``TranscriptionRequest``."""
         if not isinstance(request, TranscriptionRequest):
             raise IllegalState(
                 f"a speech engine serves transcriptions, not {type(request).__name__}"
             )
         with self._lock:
             check_can_start(self._closed, 0 if self._running is None else 1, 1, "speech slots")
-            if self._conn is None:
-                raise IllegalState("the speech worker is starting again")
             self._jobs += 1
             running = _Running(self._jobs, producer, on_exit)
             self._running = running
             process = self._process
+            # A worker starting again after a crash: the request waits for it (``_spawn``).
+            waiting = self._conn is None
+            if waiting:
+                running.pending = request
         producer.start()
         producer.trace.worker = {"pid": process.pid}
 
         def cancelled(reason: EndReason) -> None:
+            with self._lock:
+                unsent = running.pending is not None
+                running.pending = None
+            if unsent:  # never reached a worker: nothing to stop
+                self._release(running)
+                return
             self._send(("cancel", running.job))
             with self._lock:
                 if running.done:  # released already: nothing to watch
@@ -308,7 +334,8 @@ class SpeechEngine:
                 timer.start()
 
         # Sent before the cancel hook: a request cancelled already is sent its cancel after.
-        self._send(("start", running.job, request))
+        if not waiting:
+            self._send(("start", running.job, request))
         producer.on_cancel(cancelled)
 
     def statistics(self) -> EngineStatistics:
