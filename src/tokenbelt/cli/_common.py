@@ -293,7 +293,10 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
     parts = [
         f"{model.name} on {device}",
         threads_text,
-        f"context {context} tokens per sequence",
+        # a speech model has no context window: it reads 30 s windows of audio
+        "30 s audio windows"
+        if info.get("kind") == "speech"
+        else f"context {context} tokens per sequence",
         f"{slots} slot{'s' if slots != 1 else ''}",
         f"file {info.get('path') or 'unknown'}",
     ]
