@@ -61,6 +61,7 @@ from .engines import (
     RemoteEngine,
     SamplingParams,
     ScriptedEngine,
+    Segment,
     TokenLogprob,
     Upstream,
     WorkerEngine,
@@ -80,6 +81,8 @@ from .runtime import (
     Stream,
     Tool,
     ToolCall,
+    Transcription,
+    TranscriptionStream,
     Usage,
 )
 
@@ -125,6 +128,7 @@ __all__ = [
     "SamplingParams",
     "SchedulerStatistics",
     "ScriptedEngine",
+    "Segment",
     "Stream",
     "TokenLogprob",
     "TokenbeltError",
@@ -132,6 +136,8 @@ __all__ = [
     "ToolCall",
     "Trace",
     "TraceEvent",
+    "Transcription",
+    "TranscriptionStream",
     "UnknownModel",
     "Upstream",
     "UpstreamError",

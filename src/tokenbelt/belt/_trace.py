@@ -126,10 +126,12 @@ class Trace:
         #: when the first token after the reasoning's end marker was sampled (shown or
         #: not: an answer's leading white space is never shown)
         self.answer_started: float | None = None
-        #: what the request asks: ``generate``, ``embed`` or ``rerank``
+        #: what the request asks: ``generate``, ``embed``, ``rerank`` or ``transcribe``
         self.kind = "generate"
         #: the inputs of an embed or rerank request (0 for generation)
         self.inputs = 0
+        #: the seconds of audio a transcription holds (0 for any other kind)
+        self.audio_seconds = 0.0
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
         # Events wait here in the order their facts were recorded; ``flush`` delivers them.
@@ -349,6 +351,15 @@ class Trace:
             return None
         return (self.completion_tokens - 1) / span
 
+    @property
+    def real_time_factor(self) -> float | None:
+        """A transcription's seconds of work (admitted to released) per second of audio
+        (below 1: faster than the audio plays); None for other kinds, or until released."""
+        span = self._span(self.admitted, self.released)
+        if not self.audio_seconds or span is None:
+            return None
+        return round(span / self.audio_seconds, 4)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable view: times in ms after ``enqueued``, durations in ms."""
         origin = self.enqueued if self.enqueued is not None else self.admitted
@@ -366,6 +377,8 @@ class Trace:
             "model": self.model,
             "kind": self.kind,
             "inputs": self.inputs,
+            "audio_seconds": self.audio_seconds,
+            "real_time_factor": self.real_time_factor,
             "enqueued_at": None if origin is None else round(self._wall_anchor + origin, 6),
             "timeline_ms": {name: rel(getattr(self, name)) for name in TIMESTAMPS},
             "queue_wait_ms": ms(self.queue_wait),

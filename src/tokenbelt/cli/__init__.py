@@ -12,7 +12,7 @@ from ._common import Parser
 
 def build_parser() -> Parser:
     from .. import __version__
-    from . import _chat, _demo, _models, _probe, _ps, _serve
+    from . import _chat, _demo, _models, _probe, _ps, _serve, _transcribe
 
     parser = Parser(prog="tokenbelt", description="A local LLM runtime whose Stop really stops.")
     parser.add_argument("--version", action="version", version=f"tokenbelt {__version__}")
@@ -24,6 +24,7 @@ def build_parser() -> Parser:
     _models.add_parser(sub)
     _probe.add_parser(sub)
     _ps.add_parser(sub)
+    _transcribe.add_parser(sub)
     return parser
 
 

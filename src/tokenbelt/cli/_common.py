@@ -268,7 +268,9 @@ def missing_model_file(alias: str) -> str | None:
     path = Path(alias).expanduser()
     looks_like_path = alias.endswith(".gguf") or "/" in alias or os.sep in alias
     if looks_like_path and not path.is_file():
-        return str(path)
+        from ..models import is_speech_model
+
+        return None if is_speech_model(str(path)) else str(path)
     return None
 
 
@@ -315,7 +317,10 @@ def startup_line(model: Model, runtime: Runtime, url: str | None = None) -> str:
     parts = [
         f"{model.name} on {device}",
         threads_text,
-        f"context {context} tokens per sequence",
+        # a speech model has no context window: it reads 30 s windows of audio
+        "30 s audio windows"
+        if info.get("kind") == "speech"
+        else f"context {context} tokens per sequence",
         f"{slots} slot{'s' if slots != 1 else ''}",
         *_memory_parts(info, context, runtime.engine),
         f"file {info.get('path') or 'unknown'}",

@@ -121,9 +121,10 @@ def _check_context(alias: str | None, args: argparse.Namespace, n_ctx: int | Non
     a chat model was trained on), before binding anything; downloading and loading then
     happen in the background. The default context is lowered to fit each model, and an
     embedding or rerank model takes at most its own, whatever is given."""
+    from ..models import is_speech_model
     from ..runtime import Runtime, context_for
 
-    if alias and Runtime.name_for(alias) == alias:
+    if alias and Runtime.name_for(alias) == alias and not is_speech_model(alias):
         from ..models import Catalog, Home, ModelCache, choose_variant, find_remote
 
         home = Home.from_env()

@@ -5,6 +5,7 @@
 - ``worker/``: the batch engine in a worker process (``worker/_messages.py``: the pipe
   protocol);
 - ``remote/``: another serving stack over HTTP;
+- ``speech/``: speech to text (Whisper through faster-whisper) in a worker process;
 - ``_scripted.py``: the test double, on the same loop shape;
 - ``_request.py``: what a request asks for; ``_statistics.py``: what engines report;
 - ``_factory.py``: ``build``, the one door from a configuration to a running engine.
@@ -85,6 +86,17 @@ from .llama import (
     usable_cores,
 )
 from .remote import RemoteEngine, Upstream, UpstreamModel, UpstreamPool, list_models, request_body
+from .speech import (
+    AudioTooLong,
+    Segment,
+    SpeechConfig,
+    SpeechEngine,
+    SpeechInfo,
+    Transcribes,
+    TranscriptionRequest,
+    Word,
+    decode_audio,
+)
 from .worker import ABORT_ENV, DEFAULT_STOP_GRACE, HEARTBEAT_BOUND_S, WorkerEngine
 
 __all__ = [
@@ -107,6 +119,7 @@ __all__ = [
     "SAMPLING_KEYS",
     "SAMPLING_RANGES",
     "TOOL_FORMATS",
+    "AudioTooLong",
     "BatchEngine",
     "BatchStatistics",
     "Embedded",
@@ -131,12 +144,19 @@ __all__ = [
     "RemoteEngine",
     "SamplingParams",
     "ScriptedEngine",
+    "Segment",
+    "SpeechConfig",
+    "SpeechEngine",
+    "SpeechInfo",
     "TokenLogprob",
     "Tokenizes",
+    "Transcribes",
+    "TranscriptionRequest",
     "Upstream",
     "UpstreamModel",
     "UpstreamPool",
     "UpstreamStatistics",
+    "Word",
     "WorkerEngine",
     "WorkerState",
     "WorkerStatistics",
@@ -155,6 +175,7 @@ __all__ = [
     "check_threads",
     "clear_schema_cache",
     "context_that_fits",
+    "decode_audio",
     "default_threads",
     "format_of_template",
     "functions_grammar",

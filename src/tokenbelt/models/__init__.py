@@ -17,12 +17,14 @@ from ._registry import GGUFInfo, add_model, forget_model, read_gguf_info
 from ._remote import RemoteEntry, add_remote, find_remote, remote_entries
 from ._resolve import DEFAULT_ALIAS, Choice, ResolvedModel, choose_variant, resolve_and_fetch
 from ._sources import DistributionSource, HuggingFaceSource, PathSource, Source, UrlSource
+from ._speech import SPEECH_MODELS, SpeechEntry, SpeechModel, is_speech_model, resolve_speech
 
 __all__ = [
     "DEFAULT_ALIAS",
     "DEVICES",
     "HF_SCHEME",
     "NAME_PATTERN",
+    "SPEECH_MODELS",
     "Catalog",
     "Choice",
     "DeviceInfo",
@@ -40,6 +42,8 @@ __all__ = [
     "RemoteEntry",
     "ResolvedModel",
     "Source",
+    "SpeechEntry",
+    "SpeechModel",
     "UrlSource",
     "Variant",
     "add_model",
@@ -53,10 +57,12 @@ __all__ = [
     "forget_model",
     "hub_uri",
     "is_hub_name",
+    "is_speech_model",
     "pull_from_hub",
     "read_gguf_info",
     "read_header",
     "remote_entries",
     "resolve_and_fetch",
+    "resolve_speech",
     "run_probe",
 ]

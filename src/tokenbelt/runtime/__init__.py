@@ -12,9 +12,17 @@ from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._status import ModelState, ModelStatus
 from ._stream import Reply, Stream, Usage
+from ._transcribe import (
+    DEFAULT_MAX_AUDIO_SECONDS,
+    Transcription,
+    TranscriptionStream,
+    audio_bytes,
+    check_options,
+)
 
 __all__ = [
     "DEFAULT_ALIAS",
+    "DEFAULT_MAX_AUDIO_SECONDS",
     "DEFAULT_SHARE",
     "ChatSession",
     "EmbeddingStream",
@@ -33,8 +41,12 @@ __all__ = [
     "Stream",
     "Tool",
     "ToolCall",
+    "Transcription",
+    "TranscriptionStream",
     "Usage",
+    "audio_bytes",
     "check_n_ctx",
+    "check_options",
     "context_for",
     "default_budget",
     "estimate",

@@ -1,7 +1,8 @@
 """A loaded model: its slots, its admission queue, its lifecycle, and the two ways a
 request reaches its loaded engine (``_queue``, ``_on_engine``). Its surfaces stand on
 those two: the chat surface (``submit``, the prompt's tokens) is ``ChatCalls``
-(``_session.py``), the embedding surface ``EmbeddingCalls`` (``_embed.py``); its
+(``_session.py``), the embedding surface ``EmbeddingCalls`` (``_embed.py``), the speech
+surface ``TranscriptionCalls`` (``_transcribe.py``); its
 keep-alive's rules and timer are a ``KeepAlive`` (``_keepalive.py``)."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ._memory import MemoryUse
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatCalls, ChatSession
 from ._status import ModelState, ModelStatus
+from ._transcribe import TranscriptionCalls
 
 logger = logging.getLogger("tokenbelt.runtime")
 
@@ -43,7 +45,7 @@ def _load_wait(limits: Limits) -> float | None:
     return min(given) if given else None
 
 
-class Model(ChatCalls, EmbeddingCalls):
+class Model(ChatCalls, EmbeddingCalls, TranscriptionCalls):
     """One model with ``slots`` engines and a bounded admission queue.
 
     Created by ``Runtime.load()``. ``submit`` (``ChatCalls``) never blocks on

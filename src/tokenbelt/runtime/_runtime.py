@@ -48,9 +48,17 @@ from ..engines import (
     default_threads,
     list_models,
 )
-from ..models import DEFAULT_ALIAS, NAME_PATTERN, find_remote, read_gguf_info, resolve_and_fetch
+from ..models import (
+    DEFAULT_ALIAS,
+    NAME_PATTERN,
+    find_remote,
+    is_speech_model,
+    read_gguf_info,
+    resolve_and_fetch,
+)
 from ._memory import MemoryBudget, estimate, kv_cell_bytes
 from ._model import Model
+from ._transcribe import load_speech
 
 logger = logging.getLogger("tokenbelt.runtime")
 
@@ -391,6 +399,10 @@ class Runtime:
         first request. With a ``memory_budget``, the load first unloads idle models
         until the estimate of this one fits, or raises ``OverBudget``.
         """
+        if is_speech_model(alias):  # a Whisper model: its own engine, in a worker
+            return load_speech(
+                self, alias, pin=pin, lazy=lazy, load_timeout=load_timeout, **options
+            )
         remote = find_remote(alias) if NAME_PATTERN.match(alias) else None
         if remote is not None:
             # A model served elsewhere: nothing to download or load here.

@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from ._model import Model
 
 #: what a model of a catalog ``kind`` other than chat is, and what it serves instead
-_NOT_CHAT = {"embedding": ("an embedding model", "embeddings"), "rerank": ("a reranker", "rerank")}
+_NOT_CHAT = {
+    "embedding": ("an embedding model", "embeddings"),
+    "rerank": ("a reranker", "rerank"),
+    "speech": ("a speech model", "transcribe, or /v1/audio/transcriptions"),
+}
 
 _T = TypeVar("_T")
 

@@ -56,7 +56,12 @@ def _add_middleware(app: FastAPI, settings: ServerSettings, state: ServerState) 
     # The error handlers, each dialect's shape by its prefix; no path in a message.
     install(app, dialects, clean=scrub)
     app.add_middleware(JsonBodyMiddleware)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, dialects=dialects)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=settings.max_body_bytes,
+        dialects=dialects,
+        larger={"/v1/audio/": settings.max_audio_bytes},
+    )
     if settings.keys():
         app.add_middleware(
             ApiKeyMiddleware, keys=settings.keys(), dialects=dialects, admin=settings.admin_key

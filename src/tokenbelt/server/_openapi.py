@@ -30,6 +30,8 @@ GENERATING = frozenset(
         "/rerank",
         "/api/embed",
         "/api/embeddings",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
         anthropic.PREFIX,
     }
 )

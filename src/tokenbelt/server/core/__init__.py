@@ -69,11 +69,19 @@ from ._responses import DeferredResponse, EventStreamResponse, named_sse, ndjson
 from ._shutdown import GracefulServer
 from ._state import ServerSettings, ServerState
 from ._tools import Calls, ToolPlan, plan_tools
+from ._transcribe import (
+    OPENAI_SPEECH_NAMES,
+    answer_transcription,
+    speech_model_for,
+    stream_transcription,
+    submit_transcription,
+)
 
 __all__ = [
     "CALLER",
     "MAX_TIMEOUT_S",
     "NO_RETRY",
+    "OPENAI_SPEECH_NAMES",
     "PROTECTED",
     "RELEASE_WAIT_S",
     "WRITE_PIECE_BYTES",
@@ -103,6 +111,7 @@ __all__ = [
     "UnsupportedParameter",
     "admin_asked",
     "answer_embedding",
+    "answer_transcription",
     "check_dimensions",
     "compact_json",
     "control_router",
@@ -124,8 +133,11 @@ __all__ = [
     "response_for",
     "scrub",
     "shrink",
+    "speech_model_for",
     "sse",
+    "stream_transcription",
     "submit_embedding",
+    "submit_transcription",
     "think_said_as",
     "tokenbelt_final",
     "until_end",

@@ -135,6 +135,20 @@ class Metrics:
             buckets=_SLOW,
             registry=r,
         )
+        # Transcriptions (``kind``: transcribe): the audio served and how fast.
+        self.audio_seconds = Counter(
+            "tokenbelt_transcribed_audio_seconds",
+            "Seconds of audio in released transcription requests.",
+            ["model", "api"],
+            registry=r,
+        )
+        self.real_time_factor = Histogram(
+            "tokenbelt_transcription_real_time_factor",
+            "A transcription's seconds from admission to release per second of audio.",
+            ["model", "api"],
+            buckets=(0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "tokenbelt_queue_depth", "Requests waiting for a slot.", ["model"], registry=r
         )
@@ -220,7 +234,11 @@ class Metrics:
         ):
             if value is not None:
                 hist.labels(model, api).observe(value)
-        if t.kind != "generate":
+        if t.kind == "transcribe":
+            self.audio_seconds.labels(model, api).inc(t.audio_seconds)
+            if t.real_time_factor is not None:
+                self.real_time_factor.labels(model, api).observe(t.real_time_factor)
+        elif t.kind != "generate":
             self.embedding_inputs.labels(model, api, t.kind).inc(t.inputs)
             self.embedding_tokens.labels(model, api, t.kind).inc(t.prompt_tokens)
             if t.admitted is not None and t.released is not None:

@@ -58,10 +58,24 @@ class BodyTooLarge(HTTPException):
 class BodyLimitMiddleware:
     """Answer 413 to a body over ``limit`` bytes, declared or streamed."""
 
-    def __init__(self, app: ASGIApp, limit: int, dialects: Dialects | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        dialects: Dialects | None = None,
+        larger: dict[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.dialects = dialects or Dialects()
+        #: path prefix -> its own limit (uploads: ``/v1/audio/``)
+        self.larger = larger or {}
+
+    def _limit_for(self, path: str) -> int:
+        for prefix, limit in self.larger.items():
+            if path.startswith(prefix):
+                return limit
+        return self.limit
 
     async def _too_large(self, send: Send, scope: Scope) -> None:
         await _reject(
@@ -69,7 +83,7 @@ class BodyLimitMiddleware:
             scope,
             self.dialects,
             413,
-            f"the body is over {self.limit} bytes",
+            f"the body is over {self._limit_for(scope.get('path', ''))} bytes",
             "invalid_request_error",
             "body_too_large",
         )
@@ -93,9 +107,10 @@ class BodyLimitMiddleware:
                     "bad_request",
                 )
                 return
-            if size > self.limit:
+            if size > self._limit_for(scope.get("path", "")):
                 await self._too_large(send, scope)
                 return
+        limit = self._limit_for(scope.get("path", ""))
         received = 0
         started = False
 
@@ -104,8 +119,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if received > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         async def watch(message: Message) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 #: routes of the APIs tokenbelt speaks that it does not implement, by path prefix
 KNOWN: dict[str, str] = {
-    "/v1/audio/": "OpenAI audio",
+    "/v1/audio/speech": "OpenAI text to speech (speech to text is /v1/audio/transcriptions)",
     "/v1/images/": "OpenAI images",
     "/v1/videos": "OpenAI videos",
     "/v1/files": "file uploads",
@@ -38,7 +38,8 @@ KNOWN: dict[str, str] = {
 
 SERVED = (
     "it serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, "
-    "/v1/embeddings, /v1/rerank, /v2/rerank, /v1/messages, /api/chat, /api/generate, /api/embed, "
+    "/v1/embeddings, /v1/rerank, /v2/rerank, /v1/audio/transcriptions, /v1/audio/translations, "
+    "/v1/messages, /api/chat, /api/generate, /api/embed, "
     "/api/tags, /api/show, /api/ps, /api/pull, /api/delete, /api/version and tokenbelt's "
     "own routes (see /docs)"
 )

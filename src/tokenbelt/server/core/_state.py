@@ -57,6 +57,9 @@ class ServerSettings:
     admin_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20
+    #: the largest audio upload (``/v1/audio/``: OpenAI's own limit), and its longest audio
+    max_audio_bytes: int = 25 << 20
+    max_audio_seconds: float = 30 * 60.0
     recent_requests: int = 200
     retry_after_s: int = 1
     #: bytes of ``/v1/responses`` objects kept for ``previous_response_id`` and ``GET``

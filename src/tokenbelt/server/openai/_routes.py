@@ -37,7 +37,7 @@ from ..core import (
     tokenbelt_final,
     with_progress,
 )
-from . import _embeddings, _tools
+from . import _audio, _embeddings, _tools
 from ._choices import Choice, chat_logprobs, legacy_logprobs, messages_for, pieces
 from ._reasons import finish_reason
 from ._schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -503,3 +503,4 @@ async def completions(
 
 
 router.include_router(_embeddings.router)
+router.include_router(_audio.router)
