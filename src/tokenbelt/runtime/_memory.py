@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._errors import InvalidArgument, ModelError, ModelLoadError, OverBudget
-from ..engines import cache_tokens_for
+from ..engines import LlamaConfig, cache_tokens_for, context_that_fits
 from ..models import read_header
 
 logger = logging.getLogger("tokenbelt.runtime")
@@ -109,6 +109,21 @@ def kv_cell_bytes(path: str | Path, kv_type: str = "f16") -> float:
         return read_header(Path(path)).kv_cell_bytes(kv_type)
     except ModelError as exc:
         raise ModelLoadError(str(exc)) from exc
+
+
+def sized(
+    config: LlamaConfig, path: str | Path, *, given: bool, trained: int | None
+) -> LlamaConfig:
+    """``config`` with what depends on the model file's KV cell size: a context not given
+    lowered until the KV cache fits (``context_that_fits``), and a prefix cache not given
+    sized by memory (``cache_tokens_for``)."""
+    cell = kv_cell_bytes(path, config.kv_type)
+    n_ctx = (
+        config.n_ctx if given else min(config.n_ctx, context_that_fits(trained, config.slots, cell))
+    )
+    return LlamaConfig.of(
+        config, n_ctx=n_ctx, cache_tokens=cache_tokens_for(config.cache_tokens, cell)
+    )
 
 
 def estimate(

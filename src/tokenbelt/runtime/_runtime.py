@@ -43,8 +43,6 @@ from ..engines import (
     UpstreamModel,
     UpstreamPool,
     build,
-    cache_tokens_for,
-    context_that_fits,
     default_threads,
     list_models,
 )
@@ -56,7 +54,7 @@ from ..models import (
     read_gguf_info,
     resolve_and_fetch,
 )
-from ._memory import MemoryBudget, estimate, kv_cell_bytes
+from ._memory import MemoryBudget, estimate, sized
 from ._model import Model
 from ._transcribe import load_speech
 
@@ -443,7 +441,7 @@ class Runtime:
             nonlocal config
             path, resolved = self._resolve(alias, device, progress)  # may download
             info.update(resolved)
-            config = self._sized(config, path, given=given, trained=info.get("context_length"))
+            config = sized(config, path, given=given, trained=info.get("context_length"))
             info.update(n_ctx_per_seq=config.n_ctx, cache_tokens=config.cache_tokens)
             need = estimate(
                 path,
@@ -478,21 +476,6 @@ class Runtime:
                     self._forget(name, model)
                 raise
         return model
-
-    @staticmethod
-    def _sized(config: LlamaConfig, path: Path, *, given: bool, trained: int | None) -> LlamaConfig:
-        """``config`` with what depends on the model file's KV cell size: a context not
-        given lowered until the KV cache fits (``context_that_fits``), and a prefix cache
-        not given sized by memory (``cache_tokens_for``)."""
-        cell = kv_cell_bytes(path, config.kv_type)
-        n_ctx = (
-            config.n_ctx
-            if given
-            else min(config.n_ctx, context_that_fits(trained, config.slots, cell))
-        )
-        return LlamaConfig.of(
-            config, n_ctx=n_ctx, cache_tokens=cache_tokens_for(config.cache_tokens, cell)
-        )
 
     def _describe(self, alias: str, device: str | None) -> dict[str, Any]:
         """What is known of ``alias`` before fetching it: the catalog's entry (its kind,

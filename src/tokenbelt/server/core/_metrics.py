@@ -37,6 +37,22 @@ _REFUSAL_SERIES = 512
 _REASON_CHARS = 64
 
 
+def _now_gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """The gauges read at each scrape: queued and running requests, and the prompt
+    tokens still to be read by requests whose prefill is under way."""
+    return (
+        Gauge("tokenbelt_queue_depth", "Requests waiting for a slot.", ["model"], registry=r),
+        Gauge("tokenbelt_running_requests", "Requests holding a slot.", ["model"], registry=r),
+        Gauge(
+            "tokenbelt_prefill_tokens_left",
+            "Prompt tokens still to be read by requests whose prefill is under way (a busy "
+            "server reading a long prompt, not a hung one).",
+            ["model"],
+            registry=r,
+        ),
+    )
+
+
 class Metrics:
     """Turns trace events into Prometheus series and request log lines."""
 
@@ -149,19 +165,7 @@ class Metrics:
             buckets=(0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
             registry=r,
         )
-        self.queue_depth = Gauge(
-            "tokenbelt_queue_depth", "Requests waiting for a slot.", ["model"], registry=r
-        )
-        self.running = Gauge(
-            "tokenbelt_running_requests", "Requests holding a slot.", ["model"], registry=r
-        )
-        self.prefill_left = Gauge(
-            "tokenbelt_prefill_tokens_left",
-            "Prompt tokens still to be read by requests whose prefill is under way (a busy "
-            "server reading a long prompt, not a hung one).",
-            ["model"],
-            registry=r,
-        )
+        self.queue_depth, self.running, self.prefill_left = _now_gauges(r)
         self._stats = stats
         # request id -> api, set just before a request is submitted. Kept past the release
         # (a release-lag alert may follow it), bounded by forgetting the oldest.
