@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tokenbelt import EndReason, GenerationRequest, InvalidArgument
@@ -18,7 +19,7 @@ from tokenbelt.belt import Producer
 from tokenbelt.server import ServerSettings
 from tokenbelt.server.core import UnsupportedParameter
 
-from ..conftest import Served, ServeFactory
+from ..conftest import ServeFactory
 from .test_responses import Recording, _post, _runtime
 
 #: the body Codex CLI 0.171.0 sent for ``codex exec "say hi"`` to a custom provider
@@ -36,7 +37,7 @@ class Ungrammared(Recording):
         return super().generate(dataclasses.replace(request, grammar=None), producer)
 
 
-def _codex(served: Served) -> dict[str, Any]:
+def _codex_body() -> dict[str, Any]:
     body: dict[str, Any] = json.loads(CODEX.read_text())
     body.update(model="scripted", stream=False)
     return body
@@ -116,7 +117,7 @@ def test_codex_s_create_goal_follow_up_is_answered(
     (and a namespace) and has no ``call_id``: the output answers that call."""
     engine = Ungrammared(["Goal", " set."], delay=0, context_length=16384)
     served = serve(_runtime(engine))
-    body = _codex(served)
+    body = _codex_body()
     output = {
         "type": "function_call_output",
         "name": "create_goal",
@@ -169,7 +170,7 @@ def test_an_output_by_name_answers_the_latest_unanswered_call() -> None:
 def test_a_namespace_s_function_is_called_with_its_namespace(serve: ServeFactory) -> None:
     call = '<tool_call>{"name": "close_agent", "arguments": {"target": "a1"}}</tool_call>'
     served = serve(_runtime(Ungrammared([call], delay=0, context_length=16384)))
-    body = _codex(served)
+    body = _codex_body()
     body["tool_choice"] = "required"
     r = _post(served, body)
     assert r.status_code == 200, r.text
@@ -178,7 +179,7 @@ def test_a_namespace_s_function_is_called_with_its_namespace(serve: ServeFactory
     assert (item["name"], item["namespace"]) == ("close_agent", "multi_agent_v1")
     assert json.loads(item["arguments"]) == {"target": "a1"}
     # Sent back as Codex does, with its namespace, and answered by name: taken.
-    follow = _codex(served)
+    follow = _codex_body()
     sent = {k: item[k] for k in ("type", "call_id", "name", "namespace", "arguments")}
     answer = {
         "type": "function_call_output",
@@ -201,3 +202,28 @@ def test_a_refusal_names_the_real_problem_not_a_union_branch(serve: ServeFactory
     assert "valid string" in message  # about arguments, which is a string
     assert not message.endswith("input: Input should be a valid string")
     assert "input: Input should be a valid string" not in message
+
+
+def test_namespace_tools_that_do_not_fit_are_left_out_and_named(serve: ServeFactory) -> None:
+    """Codex's sub-agent tools are a third of its prompt: when the prompt does not fit
+    the context with them, the namespace is left out, named, and the request goes on."""
+
+    def input_tokens(context: int, body: dict[str, Any]) -> httpx.Response:
+        engine = Ungrammared(["ok"], delay=0, context_length=context)
+        return _post(serve(_runtime(engine)), body)
+
+    body = _codex_body()
+    whole = input_tokens(16384, body).json()
+    assert "skipped_namespaces" not in whole["tokenbelt"]
+    alone = {**body, "tools": [t for t in body["tools"] if t["type"] != "namespace"]}
+    less = input_tokens(16384, alone).json()["usage"]["input_tokens"]
+    assert less < whole["usage"]["input_tokens"]
+    between = (less + whole["usage"]["input_tokens"]) // 2
+    r = input_tokens(between, body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["usage"]["input_tokens"] == less
+    assert answer["tokenbelt"]["skipped_namespaces"] == ["multi_agent_v1"]
+    assert answer["tokenbelt"]["skipped_tools"] == ["web_search", "namespace"]
+    # A prompt too long even without them is the usual 400.
+    assert input_tokens(less - 10, body).status_code == 400

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from ..._defaults import DEFAULT_MAX_TOKENS
-from ..._errors import InvalidArgument
+from ..._errors import InvalidArgument, PromptTooLong
 from ...belt import EndReason
 from ...engines import GenerationRequest, Piece, SamplingParams
 from ...runtime import Model, Stream, sampling_from
@@ -187,6 +187,18 @@ def _request(body: ResponseRequest, plan: _tools.Plan) -> GenerationRequest:
     )
 
 
+async def _fits(model: Model, request: GenerationRequest) -> bool:
+    """Whether ``request``'s prompt leaves room for a token in ``model``'s context (a
+    tokenization off the event loop; an error is left to the submit that follows)."""
+    try:
+        tokens = await anyio.to_thread.run_sync(model.count_prompt_tokens, request)
+    except PromptTooLong:
+        return False
+    except InvalidArgument:
+        return True
+    return tokens < model.context_length
+
+
 # -- making a response ---------------------------------------------------------------------
 
 
@@ -316,6 +328,10 @@ async def create(
     )
     plan = _plan(body, messages, model, tools)
     request = _request(body, plan)
+    if tools.namespaces and not await _fits(model, request):
+        tools = tools.without_namespaces()
+        plan = _plan(body, messages, model, tools)
+        request = _request(body, plan)
     try:
         submitted = await path.submit(
             model,
@@ -337,9 +353,8 @@ async def create(
     turn = Turn(
         "resp_" + stream.request_id.removeprefix("req_"), model.name, echo, tools.namespaces
     )
-    tools.say_skipped(stream.request_id)
-    if tools.skipped:
-        turn.extension["skipped_tools"] = tools.skipped
+    tools.say_skipped(stream.request_id, model.context_length)
+    turn.extension.update(tools.said())
     entry: Entry | None = None
     if keep:
         entry = Entry(turn.snapshot(), items, body.previous_response_id, stream.request_id)
