@@ -227,3 +227,17 @@ def test_namespace_tools_that_do_not_fit_are_left_out_and_named(serve: ServeFact
     assert answer["tokenbelt"]["skipped_tools"] == ["web_search", "namespace"]
     # A prompt too long even without them is the usual 400.
     assert input_tokens(less - 10, body).status_code == 400
+
+
+def test_the_serve_flags_set_what_built_in_tools_get() -> None:
+    from tokenbelt.cli import build_parser
+    from tokenbelt.cli._serve import _settings
+
+    default = _settings(build_parser().parse_args(["serve"]), [])
+    assert (default.responses_builtin_tools, default.responses_skip_tools) == ("skip", ())
+    flags = ["--responses-builtin-tools", "refuse", "--responses-skip-tool", "web_search"]
+    refusing = _settings(build_parser().parse_args(["serve", *flags]), [])
+    assert refusing.responses_builtin_tools == "refuse"
+    assert refusing.responses_skip_tools == ("web_search",)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--responses-builtin-tools", "sometimes"])
