@@ -163,6 +163,7 @@ def _settings(args: argparse.Namespace, keys: list[str]) -> ServerSettings:
         read_timeout=args.read_timeout or None,
         responses_store_bytes=args.responses_store,
         responses_ttl_s=args.responses_ttl,
+        responses_builtin_tools=args.responses_builtin_tools,
         responses_skip_tools=tuple(args.responses_skip_tool),
         reasoning_budget=args.reasoning_budget,
         reasoning_timeout=args.reasoning_timeout,

@@ -318,13 +318,21 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
         "server is stateless and says so)",
     )
     p.add_argument(
+        "--responses-builtin-tools",
+        choices=("skip", "refuse"),
+        default="skip",
+        help="what /v1/responses does with a built-in tool (web_search...), which a local "
+        "server cannot run: skip leaves it out and names it in tokenbelt.skipped_tools and "
+        "the log (default: Codex sends its own with every request); refuse answers 400 "
+        "naming it",
+    )
+    p.add_argument(
         "--responses-skip-tool",
         action="append",
         default=[],
         metavar="TYPE",
-        help="leave built-in tools of TYPE (web_search, namespace...) out of a /v1/responses "
-        "request instead of refusing it (repeatable; each is named in tokenbelt.skipped_tools; "
-        "default: none, every built-in tool is refused by name)",
+        help="with --responses-builtin-tools refuse, still leave built-in tools of TYPE "
+        "out (repeatable)",
     )
     p.add_argument(
         "--responses-ttl",

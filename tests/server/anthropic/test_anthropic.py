@@ -619,7 +619,11 @@ ACCEPTED: list[dict[str, Any]] = [
     {"thinking": {"type": "adaptive"}},
     {"thinking": {"type": "adaptive", "display": "omitted"}},
     {"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
+    # no tool use to clear: the prompt is the same
+    {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
     {"output_config": {"effort": "high"}},
+    {"output_config": {"effort": "low"}},
+    {"output_config": {"effort": "max"}},
 ]
 
 
@@ -636,14 +640,26 @@ def test_options_that_ask_for_no_thinking_are_accepted(served: Served, option: A
         ({"thinking": {"type": "adaptive", "budget_tokens": 2048}}, "thinking.budget_tokens"),
         ({"thinking": {"type": "sometimes"}}, "thinking.type"),
         (
-            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
-            "context_management.edits[0].type",
+            {"context_management": {"edits": [{"type": "clear_everything"}]}},
+            "context_management.edits.0",
         ),
-        ({"output_config": {"effort": "low"}}, "output_config.effort"),
-        ({"output_config": {"effort": "max"}}, "output_config.effort"),
+        (
+            {
+                "context_management": {
+                    "edits": [
+                        {
+                            "type": "clear_tool_uses_20250919",
+                            "keep": {"type": "input_tokens", "value": 3},
+                        }
+                    ]
+                }
+            },
+            "context_management.edits[0].keep.type",
+        ),
+        ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
     ],
-    ids=["enabled", "budget", "unknown", "clear-tool-uses", "low", "max", "format-no-schema"],
+    ids=["enabled", "budget", "unknown", "edit-type", "keep-type", "effort", "format-no-schema"],
 )
 def test_options_that_would_change_the_answer_are_refused(
     client: anthropic.Anthropic, served: Served, option: dict[str, Any], named: str

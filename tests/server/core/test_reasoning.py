@@ -334,6 +334,25 @@ def test_anthropic_thinking_blocks_come_first_with_the_budget(
     assert (trace.reasoning_tokens, trace.reasoning_ended_by) == (8, "budget")
 
 
+@pytest.mark.parametrize(("effort", "budget"), [("low", 8), ("medium", 16)])
+def test_anthropic_effort_is_the_reasoning_budget(
+    anthropic_client: anthropic.Anthropic, served: Served, effort: str, budget: int
+) -> None:
+    """Claude Code's ``output_config.effort``: a share of ``max_tokens`` (low 1/8,
+    medium 1/4) the model may spend reasoning before it answers."""
+    reply = anthropic_client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=STORY,
+        extra_body={**GREEDY, "output_config": {"effort": effort}},
+    )
+    trace = served.recorder.by_id(reply.id)
+    assert (trace.reasoning_tokens, trace.reasoning_ended_by) == (budget, "budget")
+    assert [block.type for block in reply.content] == ["thinking", "text"]
+    said = reply.model_extra["tokenbelt"]["effort"] if reply.model_extra else None
+    assert said == {"effort": effort, "applied": True, "reasoning_budget": budget}
+
+
 def test_anthropic_streams_thinking_deltas_then_text(
     anthropic_client: anthropic.Anthropic,
 ) -> None:

@@ -10,7 +10,6 @@ import base64
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +20,6 @@ import plainhttp
 from tokenbelt import EndReason, GenerationRequest, ScriptedEngine
 from tokenbelt.belt import Producer
 from tokenbelt.server import ServerSettings
-from tokenbelt.server.core import UnsupportedParameter
 
 from ..conftest import NET, Served, ServeFactory, eventually, scripted_runtime, words
 
@@ -446,7 +444,14 @@ def test_a_blocking_response_whose_client_gave_up_is_kept_cancelled(stored: Serv
     [
         ({"input": "hi", "temperatur": 1}, "temperatur"),
         ({"input": [{"type": "web_search_call", "status": "completed"}]}, "input.0.type"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+        (
+            {"input": [{"type": "function_call_output", "output": "done"}]},
+            "input.0.call_id",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "name": "f", "output": "done"}]},
+            "input.0.name",
+        ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input.0.content.0",
@@ -551,43 +556,3 @@ def test_a_route_that_is_not_here_says_so(
     assert "/v1/responses" in message
     if path.startswith("/v1/messages"):
         assert body["type"] == "error"  # Anthropic's shape on Anthropic's routes
-
-
-# -- a real Codex request --------------------------------------------------------------------
-
-#: the body Codex CLI 0.171.0 sent for ``codex exec "say hi"`` to a custom provider
-CODEX = Path(__file__).parent.parent / "fixtures" / "codex_request.json"
-
-
-def test_codex_s_request_is_planned_and_its_built_in_tools_named(serve: ServeFactory) -> None:
-    from tokenbelt.server.responses._routes import _plan
-    from tokenbelt.server.responses._schemas import ResponseRequest
-
-    body = ResponseRequest.model_validate(json.loads(CODEX.read_text()))
-    assert body.store is False
-    assert body.prompt_cache_key
-    model = serve(_runtime()).model("scripted")
-    messages = [{"role": "user", "content": "say hi"}]
-    with pytest.raises(UnsupportedParameter, match="'namespace'") as refused:
-        _plan(body, messages, model, (), [])
-    assert refused.value.param == "tools.4.type"
-    # Both built-in kinds at once, and the one command line that leaves both out.
-    message = str(refused.value)
-    assert "'web_search'" in message
-    assert "--responses-skip-tool namespace --responses-skip-tool web_search" in message
-    with pytest.raises(UnsupportedParameter, match="'web_search'") as refused:
-        _plan(body, messages, model, ("namespace",), [])
-    assert "'namespace'" not in str(refused.value)
-    skipped: list[str] = []
-    plan = _plan(body, messages, model, ("namespace", "web_search"), skipped)
-    assert skipped == ["namespace", "web_search"]
-    assert [t.name for t in plan.tools][:2] == ["exec_command", "write_stdin"]
-    assert plan.choice == "auto"
-
-
-def test_skipped_tool_types_are_named_in_the_response(serve: ServeFactory) -> None:
-    settings = ServerSettings(responses_skip_tools=("web_search",))
-    served = serve(_runtime(), settings)
-    r = _post(served, {"model": "scripted", "input": "hi", "tools": [{"type": "web_search"}]})
-    assert r.status_code == 200, r.text
-    assert r.json()["tokenbelt"]["skipped_tools"] == ["web_search"]

@@ -1,15 +1,17 @@
-"""``thinking``, ``context_management`` and ``output_config``: taken where they can be kept.
+"""``thinking``, ``context_management`` and ``output_config``: what Claude Code sends.
 
 Claude Code sends all three on every request. ``thinking`` maps onto a thinking model's
 reasoning phase (``enabled`` with ``budget_tokens``: tokenbelt's reasoning budget;
 ``disabled``: no reasoning); asking a model without one to think is refused by the engine.
-A value that would make the reply or the prompt other than this server makes it is
+``output_config.effort`` is a thinking model's reasoning budget; a model without a
+thinking phase takes every effort and says its answer is the same at each. The context
+edits are applied to the prompt (``_context``). A value this server cannot honour is
 refused by name (``UnsupportedParameter``, a 400), never ignored.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,40 +55,75 @@ class Thinking(BaseModel):
         return {"think": think, "reasoning_budget": self.budget_tokens}
 
 
-class ContextEdit(BaseModel):
-    """One of ``context_management.edits``."""
+class Count(BaseModel):
+    """A threshold or an amount: ``{"type": ..., "value": n}``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    type: str = Field(max_length=100)
-    keep: str | dict[str, Any] | None = Field(
-        None, description="which thinking turns to keep: there are none, so any value"
+    type: str = Field(max_length=40)
+    value: int = Field(ge=0)
+
+
+class ClearToolUses(BaseModel):
+    """``clear_tool_uses_20250919``: once the prompt reaches ``trigger``, the results of
+    all but the ``keep`` latest tool uses are replaced with a placeholder (``_context``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["clear_tool_uses_20250919"]
+    trigger: Count | None = Field(
+        None, description="input_tokens (default 100,000) or tool_uses: when to clear"
     )
+    keep: Count | None = Field(None, description="tool_uses: the latest to keep (default 3)")
+    clear_at_least: Count | None = Field(
+        None, description="input_tokens: clear nothing unless at least this many go"
+    )
+    exclude_tools: list[str] | None = Field(None, max_length=256)
+    clear_tool_inputs: bool | list[str] | None = Field(
+        None, description="also clear the calls' inputs (all, or those of these tools)"
+    )
+
+    def check(self, where: str) -> None:
+        for name, kinds in (
+            ("trigger", ("input_tokens", "tool_uses")),
+            ("keep", ("tool_uses",)),
+            ("clear_at_least", ("input_tokens",)),
+        ):
+            count = getattr(self, name)
+            if count is not None and count.type not in kinds:
+                raise UnsupportedParameter(
+                    f"{where}.{name}.type",
+                    f"{count.type!r}; it is {' or '.join(repr(k) for k in kinds)}",
+                )
+
+
+class ClearThinking(BaseModel):
+    """``clear_thinking_20251015``: an earlier turn's thinking is never in the prompt
+    here (thinking models' templates drop it), so there is nothing left to clear."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"] | Count | None = Field(
+        None, description="which thinking turns to keep: earlier ones are left out anyway"
+    )
+
+
+ContextEdit = Annotated[ClearToolUses | ClearThinking, Field(discriminator="type")]
 
 
 class ContextManagement(BaseModel):
-    """``context_management``: only edits that clear thinking, which have nothing to clear."""
+    """``context_management``: Anthropic's context edits, applied to the prompt here
+    (``_context``) and reported in the answer's ``context_management.applied_edits``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    edits: list[ContextEdit] = Field(
-        default_factory=list,
-        max_length=16,
-        description=(
-            "clear_thinking_* edits are accepted and change nothing: no thinking block is "
-            "ever produced, so none is ever sent back to clear. Any other edit (clearing "
-            "tool uses...) would change the prompt, which this server does not do: refused"
-        ),
-    )
+    edits: list[ContextEdit] = Field(default_factory=list, max_length=16)
 
     def check(self) -> None:
         for i, edit in enumerate(self.edits):
-            if not edit.type.startswith("clear_thinking_"):
-                raise UnsupportedParameter(
-                    f"context_management.edits[{i}].type",
-                    f"{edit.type!r}: this server edits no prompt; it takes only "
-                    "clear_thinking_* edits, which have nothing to clear here",
-                )
+            if isinstance(edit, ClearToolUses):
+                edit.check(f"context_management.edits[{i}]")
 
 
 class OutputFormat(BaseModel):
@@ -107,18 +144,31 @@ class OutputFormat(BaseModel):
             raise UnsupportedParameter("output_config.format.schema", str(exc)) from exc
 
 
+#: ``output_config.effort`` -> the share of ``max_tokens`` a thinking model may spend
+#: reasoning (``high``, Anthropic's default, is the same as no effort: the server's own
+#: budget, ``--reasoning-budget``, if it has one)
+EFFORT_SHARES: dict[str, float | None] = {
+    "low": 1 / 8,
+    "medium": 1 / 4,
+    "high": None,
+    "xhigh": 3 / 4,
+    "max": 1.0,
+}
+
+
 class OutputConfig(BaseModel):
-    """``output_config``: ``effort`` ``high`` (Anthropic's default) only, and ``format``."""
+    """``output_config``: ``effort`` and ``format``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
         None,
         description=(
-            "high is accepted: it is Anthropic's default, the same as sending no effort, "
-            "and what this server always does. Any other level asks the model to spend "
-            "fewer or more tokens, which a model without reasoning is not told how to do "
-            "here: refused"
+            "a thinking model's reasoning budget, as a share of max_tokens: low 1/8, "
+            "medium 1/4, high the server's (as no effort), xhigh 3/4, max all of it; "
+            "thinking.budget_tokens, when sent, comes first. A model without a thinking "
+            "phase answers the same at every effort, and its answer says so "
+            "(tokenbelt.effort)"
         ),
     )
 
@@ -127,9 +177,9 @@ class OutputConfig(BaseModel):
     )
 
     def check(self) -> None:
-        if self.effort not in (None, "high"):
-            raise UnsupportedParameter(
-                "output_config.effort",
-                f"{self.effort!r}: a model without reasoning answers at one effort, "
-                "Anthropic's default 'high'",
-            )
+        """Every value is taken (the type checks them)."""
+
+    def budget(self, max_tokens: int) -> int | None:
+        """The reasoning budget of ``effort`` for a reply of ``max_tokens``."""
+        share = EFFORT_SHARES[self.effort] if self.effort is not None else None
+        return None if share is None else max(1, int(max_tokens * share))

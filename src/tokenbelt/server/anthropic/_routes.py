@@ -45,6 +45,7 @@ from ...engines import GenerationRequest, Piece, SamplingParams
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
     Calls,
+    RequestPath,
     Serving,
     StreamEnd,
     ToolPlan,
@@ -55,6 +56,7 @@ from ..core import (
     tokenbelt_final,
     until_end,
 )
+from . import _context
 from ._schemas import CountTokensRequest, MessagesRequest, error_shape
 
 PREFIX = "/v1/messages"
@@ -88,9 +90,19 @@ def stop_reason(stream: Stream, called: bool = False) -> str:
     return "end_turn" if reason.openai_finish_reason == "stop" else "max_tokens"
 
 
-def _final(stream: Stream, plan: ToolPlan, calls: Calls) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Said:
+    """What an answer says beyond the reply: in ``tokenbelt`` (how ``effort`` was
+    taken), and at its top level (``context_management``: the applied edits)."""
+
+    tokenbelt: dict[str, Any] = dataclasses.field(default_factory=dict)
+    top: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _final(stream: Stream, plan: ToolPlan, calls: Calls, said: Said) -> dict[str, Any]:
     extension = tokenbelt_final(stream)
     extension.update(plan.extension())
+    extension.update(said.tokenbelt)
     if calls.started is not None and calls.call is None:
         extension["cut_call"] = {"name": calls.started, "partial_input": calls.arguments}
     return extension
@@ -134,7 +146,7 @@ def _thinking_block(text: str) -> dict[str, Any]:
     return {"type": "thinking", "thinking": text, "signature": SIGNATURE}
 
 
-def _render(stream: Stream, model: str, plan: ToolPlan) -> dict[str, Any]:
+def _render(stream: Stream, model: str, plan: ToolPlan, said: Said) -> dict[str, Any]:
     calls = plan.calls().whole(stream.text)
     content: list[dict[str, Any]] = []
     if stream.reasoning:
@@ -149,7 +161,8 @@ def _render(stream: Stream, model: str, plan: ToolPlan) -> dict[str, Any]:
         "stop_reason": stop_reason(stream, calls.call is not None),
         "stop_sequence": stream.trace.stop_sequence,
         "usage": _usage(stream, stream.trace.completion_tokens),
-        "tokenbelt": _final(stream, plan, calls),
+        **said.top,
+        "tokenbelt": _final(stream, plan, calls, said),
     }
 
 
@@ -203,7 +216,9 @@ class _Blocks:
         return [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
 
-def _events(stream: Stream, model: str, plan: ToolPlan, thinks: bool) -> AsyncIterator[object]:
+def _events(
+    stream: Stream, model: str, plan: ToolPlan, thinks: bool, said: Said
+) -> AsyncIterator[object]:
     """The named events of a stream; the last two are always ``message_delta`` (a
     standard ``stop_reason``, tokenbelt's exact reason in ``tokenbelt``) and
     ``message_stop``, after an ``error`` event on a failure. A thinking model's
@@ -253,7 +268,8 @@ def _events(stream: Stream, model: str, plan: ToolPlan, thinks: bool) -> AsyncIt
                     "stop_sequence": stream.trace.stop_sequence,
                 },
                 "usage": _usage(stream, stream.trace.completion_tokens),
-                "tokenbelt": _final(stream, plan, calls),
+                **said.top,
+                "tokenbelt": _final(stream, plan, calls, said),
             },
         )
         yield "message_stop", {"type": "message_stop"}
@@ -261,10 +277,13 @@ def _events(stream: Stream, model: str, plan: ToolPlan, thinks: bool) -> AsyncIt
     return until_end(stream, pieces(), end)
 
 
-def _plan(body: CountTokensRequest, model: Model) -> ToolPlan:
+def _plan(
+    body: CountTokensRequest, model: Model, turns: list[dict[str, Any]] | None = None
+) -> ToolPlan:
+    """The request's plan: its ``turns`` (by default the body's own, unedited)."""
     body.check()
     plan = plan_tools(
-        body.turns(),
+        body.turns() if turns is None else turns,
         body.openai_tools(),
         body.openai_choice(),
         model.template_tools,
@@ -297,11 +316,59 @@ def _request(
     return dataclasses.replace(request, continue_final=True)
 
 
+async def _edited(
+    body: CountTokensRequest, model: Model, thinking: dict[str, object]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The body's turns with its context edits applied, and what the answer says of
+    them (``context_management.applied_edits``; nothing if it sent none)."""
+    turns = body.turns()
+    management = body.context_management
+    if management is None:
+        return turns, {}
+
+    def count(edited: list[dict[str, Any]]) -> int:
+        request = _request(body, _plan(body, model, edited), sampling_from(thinking))
+        return model.count_prompt_tokens(request)
+
+    with _thinking_named():
+        turns, applied = await anyio.to_thread.run_sync(_context.apply, management, turns, count)
+    return turns, {"context_management": {"applied_edits": applied}}
+
+
+def _effort(body: MessagesRequest, model: Model, path: RequestPath) -> dict[str, Any]:
+    """How ``output_config.effort`` was taken, for ``tokenbelt.effort``: a thinking
+    model's reasoning budget (``reasoning_budget``), or why the answer is the same at
+    every effort (a model without a thinking phase...); empty without an effort."""
+    config = body.output_config
+    if config is None or config.effort is None:
+        return {}
+    why = None
+    if not model.thinks:
+        why = f"{model.name} has no thinking phase: its answer is the same at every effort"
+    elif body.thinking is not None and body.thinking.type == "disabled":
+        why = "thinking is disabled: there is no reasoning to budget"
+    elif body.thinking is not None and body.thinking.budget_tokens is not None:
+        why = "thinking.budget_tokens sets the reasoning budget"
+    if why is not None:
+        return {"effort": config.effort, "applied": False, "why": why}
+    budget = config.budget(body.max_tokens)
+    if budget is None:  # high: as no effort, the server's own budget
+        budget = path.state.settings.reasoning_budget
+    return {"effort": config.effort, "applied": True, "reasoning_budget": budget}
+
+
 @router.post(PREFIX, summary="Anthropic Messages API (streaming with stream=true)")
 async def messages(body: MessagesRequest, path: Serving) -> Response:
     model = path.state.model_for(body.model or None)
-    plan = _plan(body, model)
-    request = _request(body, plan, sampling_from(body.sampling()))
+    body.check()
+    sampling = body.sampling()
+    effort = _effort(body, model, path)
+    if effort.get("applied"):
+        sampling["reasoning_budget"] = effort["reasoning_budget"]
+    turns, top = await _edited(body, model, body.thinking_sampling())
+    said = Said({"effort": effort} if effort else {}, top)
+    plan = _plan(body, model, turns)
+    request = _request(body, plan, sampling_from(sampling))
     with _thinking_named():
         stream = (await path.submit(model, request, body.tokenbelt, api=API)).stream
     # Anthropic's SDKs read the request id from ``request-id``.
@@ -309,24 +376,27 @@ async def messages(body: MessagesRequest, path: Serving) -> Response:
     if body.stream:
         return path.streaming(
             stream,
-            _events(stream, model.name, plan, model.thinks),
+            _events(stream, model.name, plan, model.thinks, said),
             headers=headers,
             encode=sse_event,
             keepalive=PING,
         )
     return path.answer(
-        stream, lambda s: _render(s, model.name, plan), shape=error_shape, headers=headers
+        stream, lambda s: _render(s, model.name, plan, said), shape=error_shape, headers=headers
     )
 
 
 @router.post(PREFIX + "/count_tokens", summary="Anthropic: the input tokens of a request")
 async def count_tokens(body: CountTokensRequest, path: Serving) -> dict[str, Any]:
     """``{"input_tokens": n}``: the whole prompt the same ``/v1/messages`` request would
-    have (its ``input_tokens`` plus ``cache_read_input_tokens``)."""
+    have (its ``input_tokens`` plus ``cache_read_input_tokens``), its context edits
+    applied."""
     model = path.state.model_for(body.model or None)
+    body.check()
     # ``thinking`` shapes the prompt (a template's switch), so it is counted with it.
-    thinking = body.thinking.sampling() if body.thinking is not None else {}
-    request = _request(body, _plan(body, model), sampling_from(thinking))
+    thinking = body.thinking_sampling()
+    turns, _ = await _edited(body, model, thinking)
+    request = _request(body, _plan(body, model, turns), sampling_from(thinking))
     with _thinking_named():
         tokens = await anyio.to_thread.run_sync(model.count_prompt_tokens, request)
     return {"input_tokens": tokens}

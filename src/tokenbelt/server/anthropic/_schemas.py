@@ -263,6 +263,10 @@ class CountTokensRequest(BaseModel):
     context_management: ContextManagement | None = None
     output_config: OutputConfig | None = None
 
+    def thinking_sampling(self) -> dict[str, object]:
+        """``think`` and ``reasoning_budget`` of ``thinking`` (nothing without it)."""
+        return self.thinking.sampling() if self.thinking is not None else {}
+
     def check(self) -> None:
         """Refuse by name the option values that ask for what this server does not do."""
         for option in (self.thinking, self.context_management, self.output_config):
@@ -380,5 +384,5 @@ class MessagesRequest(CountTokensRequest):
             "top_p": self.top_p,
             "top_k": self.top_k,
             "stop": self.stop_sequences,
-            **(self.thinking.sampling() if self.thinking is not None else {}),
+            **self.thinking_sampling(),
         }

@@ -206,9 +206,36 @@ def _where(err: Any) -> str:
 _BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
+def _split(err: Any) -> tuple[tuple[str, ...], str | None]:
+    """An error's field (its location before any union branch) and its first branch."""
+    loc = [str(p) for p in err.get("loc", ())]
+    for i, part in enumerate(loc):
+        if _branch(part):
+            return tuple(loc[:i]), part
+    return tuple(loc), None
+
+
+def _furthest_branch(errors: list[Any]) -> list[Any]:
+    """Of a union field's errors, only the branch that got furthest: a list of items
+    that fails inside an item is not also "input: Input should be a valid string"."""
+    depth: dict[tuple[str, ...], dict[str, int]] = {}
+    for err in errors:
+        where, branch = _split(err)
+        if branch is not None:
+            seen = depth.setdefault(where, {})
+            seen[branch] = max(seen.get(branch, 0), len(err.get("loc", ())))
+    kept = []
+    for err in errors:
+        where, branch = _split(err)
+        seen = depth.get(where, {})
+        if branch is None or len(seen) < 2 or seen[branch] == max(seen.values()):
+            kept.append(err)
+    return kept
+
+
 def _describe(errors: list[Any]) -> str:
     parts = []
-    for err in errors[:20]:  # every bad field at once, within reason
+    for err in _furthest_branch(errors)[:20]:  # every bad field at once, within reason
         loc = _where(err)
         # pydantic's "Extra inputs are not permitted" does not say what the user needs to hear.
         msg = "unsupported parameter" if err.get("type") == "extra_forbidden" else err.get("msg")

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..._errors import (
     InvalidArgument,
@@ -67,9 +67,12 @@ class ServerSettings:
     responses_store_bytes: int = 0
     #: seconds a stored response is kept after it was last used
     responses_ttl_s: float = 3600.0
-    #: built-in tool types ``/v1/responses`` leaves out of a request instead of refusing it
-    #: (a client such as Codex always sends its ``web_search``); each is named in the
-    #: response's ``tokenbelt.skipped_tools``
+    #: what ``/v1/responses`` does with a built-in tool (``web_search``...), which a local
+    #: server cannot run: ``skip`` leaves it out, named in the response's
+    #: ``tokenbelt.skipped_tools`` and in the log (a client such as Codex always sends
+    #: its own); ``refuse`` answers 400 naming it
+    responses_builtin_tools: Literal["skip", "refuse"] = "skip"
+    #: with ``refuse``, the built-in tool types still left out
     responses_skip_tools: tuple[str, ...] = ()
     #: seconds a stream may send nothing (a long prefill, a queue) before it writes a
     #: keepalive (an SSE comment; Anthropic's ``ping``); None: never
@@ -91,6 +94,11 @@ class ServerSettings:
             raise InvalidArgument("responses_store_bytes must be >= 0 (0: no store)")
         if not self.responses_ttl_s > 0:
             raise InvalidArgument("responses_ttl_s must be > 0 seconds")
+        if self.responses_builtin_tools not in ("skip", "refuse"):
+            raise InvalidArgument(
+                "responses_builtin_tools must be 'skip' or 'refuse', "
+                f"got {self.responses_builtin_tools!r}"
+            )
         for name in ("reader_timeout", "read_timeout", "keepalive_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -91,6 +91,44 @@ def items_from(given: str | Sequence[Item]) -> list[dict[str, Any]]:
     return out
 
 
+def match_outputs(items: Sequence[dict[str, Any]], first: int = 0) -> None:
+    """Give each ``function_call_output`` without a ``call_id`` the id of the call it
+    answers, as Codex means it: the latest unanswered ``function_call`` of its ``name``
+    (and its ``namespace``, when both name one) before it. ``first``: the index of the
+    request's own first item (earlier ones come from a stored conversation); an output
+    that answers no call is refused by its index among the request's items."""
+    open_calls: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        if item["type"] == "function_call":
+            open_calls.append(item)
+        elif item["type"] == "function_call_output":
+            call_id = item.get("call_id")
+            if call_id is None:
+                call_id = _answered(item, open_calls, f"input.{i - first}")
+                item["call_id"] = call_id
+            open_calls = [c for c in open_calls if c["call_id"] != call_id]
+
+
+def _answered(output: dict[str, Any], open_calls: list[dict[str, Any]], where: str) -> str:
+    name, namespace = output.get("name"), output.get("namespace")
+    if name is None:
+        raise UnsupportedParameter(
+            f"{where}.call_id",
+            "a function_call_output names the call it answers by call_id (or, as Codex "
+            "sends it, by the function's name)",
+        )
+    for call in reversed(open_calls):
+        space = call.get("namespace")
+        if call["name"] == name and (namespace is None or space is None or space == namespace):
+            return str(call["call_id"])
+    called = f"{namespace}.{name}" if namespace else name
+    raise InvalidArgument(
+        f"{where}: a function_call_output without call_id answers the latest unanswered "
+        f"function_call of its name ({called!r}) before it, and there is none",
+        param=f"{where}.name",
+    )
+
+
 def _dump(item: BaseModel) -> dict[str, Any]:
     return item.model_dump(exclude_none=True, by_alias=True)
 
@@ -152,8 +190,11 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
+def call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str, namespace: str | None
+) -> dict[str, Any]:
+    """A ``function_call``; a function offered from a ``namespace`` tool names it."""
+    item = {
         "id": item_id,
         "type": "function_call",
         "status": status,
@@ -161,3 +202,6 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
         "name": name,
         "arguments": arguments,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item

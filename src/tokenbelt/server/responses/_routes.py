@@ -21,9 +21,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from ..._defaults import DEFAULT_MAX_TOKENS
-from ..._errors import InvalidArgument
+from ..._errors import InvalidArgument, PromptTooLong
 from ...belt import EndReason
-from ...engines import GenerationRequest, Piece
+from ...engines import GenerationRequest, Piece, SamplingParams
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
     CALLER,
@@ -42,8 +42,9 @@ from ..core import (
 )
 from ..openai import _tools
 from . import _items
-from ._schemas import FunctionTool, OtherTool, ResponseRequest
+from ._schemas import ResponseRequest
 from ._store import UNKNOWN, Entry, Gone, Responses, Running
+from ._tools import Offered, offered
 from ._turn import Turn
 
 API = "responses"
@@ -101,40 +102,10 @@ def _keep(body: ResponseRequest, memory: Responses) -> bool:
 
 
 def _plan(
-    body: ResponseRequest,
-    messages: list[dict[str, Any]],
-    model: Model,
-    skip: tuple[str, ...],
-    skipped: list[str],
+    body: ResponseRequest, messages: list[dict[str, Any]], model: Model, offered: Offered
 ) -> _tools.Plan:
-    """The chat plan of the request; built-in tools of a type in ``skip`` are left out
-    (and named in ``skipped``), any other is a 400 that names every such type at once
-    (Codex sends two kinds: one restart of the server, not one per kind)."""
-    tools: list[_tools.ToolSpec] = []
-    refused: dict[str, int] = {}  # type -> its first index
-    for i, tool in enumerate(body.tools or ()):
-        if isinstance(tool, OtherTool):
-            if tool.type in skip:
-                skipped.append(tool.type)
-            else:
-                refused.setdefault(tool.type, i)
-            continue
-        assert isinstance(tool, FunctionTool)
-        fn = _tools.FunctionSpec(
-            name=tool.name,
-            description=tool.description,
-            parameters=tool.parameters,
-            strict=tool.strict,
-        )
-        tools.append(_tools.ToolSpec(type="function", function=fn))
-    if refused:
-        kinds = ", ".join(repr(kind) for kind in refused)
-        flags = " ".join(f"--responses-skip-tool {kind}" for kind in refused)
-        raise UnsupportedParameter(
-            f"tools.{min(refused.values())}.type",
-            f"tools of type {kinds}: tokenbelt runs function tools only (leave built-in "
-            f"tools out, or start the server with {flags} to have them left out)",
-        )
+    """The chat plan of the request, with the functions its tools offer."""
+    tools = offered.specs
     choice: _tools.ToolChoice | None
     if isinstance(body.tool_choice, str) or body.tool_choice is None:
         choice = body.tool_choice
@@ -157,8 +128,14 @@ def _plan(
     )
 
 
-def _echo(body: ResponseRequest, keep: bool) -> dict[str, Any]:
-    """What a response object repeats of its request."""
+#: what a response says of options tokenbelt has one value for: no log probabilities
+#: here, one call at most per reply, one service tier
+CONSTANTS = {"top_logprobs": 0, "max_tool_calls": 1, "service_tier": "default"}
+
+
+def _echo(body: ResponseRequest, keep: bool, sampling: SamplingParams) -> dict[str, Any]:
+    """What a response object repeats of its request: every field of the Open
+    Responses object, the sampling as the numbers used (the defaults filled in)."""
     fmt = body.text.format if body.text and body.text.format else None
     tool_choice: Any = body.tool_choice if body.tool_choice is not None else "auto"
     if not isinstance(tool_choice, str):
@@ -166,8 +143,12 @@ def _echo(body: ResponseRequest, keep: bool) -> dict[str, Any]:
     return {
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        **CONSTANTS,
+        "safety_identifier": body.safety_identifier,
         "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
         "tool_choice": tool_choice,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
@@ -196,12 +177,26 @@ def _request(body: ResponseRequest, plan: _tools.Plan) -> GenerationRequest:
             "top_p": body.top_p,
             "seed": body.seed,
             "stop": [stop] if isinstance(stop, str) else stop,
+            "presence_penalty": body.presence_penalty,
+            "frequency_penalty": body.frequency_penalty,
             "think": body.reasoning.think() if body.reasoning is not None else None,
         }
     )
     return GenerationRequest(
         messages=plan.messages, sampling=sampling, grammar=plan.grammar, tools=plan.tools_json
     )
+
+
+async def _fits(model: Model, request: GenerationRequest) -> bool:
+    """Whether ``request``'s prompt leaves room for a token in ``model``'s context (a
+    tokenization off the event loop; an error is left to the submit that follows)."""
+    try:
+        tokens = await anyio.to_thread.run_sync(model.count_prompt_tokens, request)
+    except PromptTooLong:
+        return False
+    except InvalidArgument:
+        return True
+    return tokens < model.context_length
 
 
 # -- making a response ---------------------------------------------------------------------
@@ -323,15 +318,24 @@ async def create(
         except Gone as exc:
             raise _not_here(memory, exc, param="previous_response_id") from exc
     items = _items.items_from(body.input)
+    _items.match_outputs([*history, *items], first=len(history))
     messages = _items.messages_from([*history, *items], model.name)
     if body.instructions:
         messages.insert(0, {"role": "system", "content": body.instructions})
-    skipped: list[str] = []
-    plan = _plan(body, messages, model, path.state.settings.responses_skip_tools, skipped)
+    settings = path.state.settings
+    tools = offered(
+        body.tools or (), settings.responses_builtin_tools, settings.responses_skip_tools
+    )
+    plan = _plan(body, messages, model, tools)
+    request = _request(body, plan)
+    if tools.namespaces and not await _fits(model, request):
+        tools = tools.without_namespaces()
+        plan = _plan(body, messages, model, tools)
+        request = _request(body, plan)
     try:
         submitted = await path.submit(
             model,
-            _request(body, plan),
+            request,
             body.tokenbelt,
             api=API,
             request_id=x_request_id,
@@ -345,9 +349,12 @@ async def create(
         # The engine names its own parameter; this body said it as reasoning.effort.
         raise UnsupportedParameter("reasoning.effort", think_said_as(exc, "'none'")) from None
     stream = submitted.stream
-    turn = Turn("resp_" + stream.request_id.removeprefix("req_"), model.name, _echo(body, keep))
-    if skipped:
-        turn.extension["skipped_tools"] = skipped
+    echo = _echo(body, keep, request.sampling)
+    turn = Turn(
+        "resp_" + stream.request_id.removeprefix("req_"), model.name, echo, tools.namespaces
+    )
+    tools.say_skipped(stream.request_id, model.context_length)
+    turn.extension.update(tools.said())
     entry: Entry | None = None
     if keep:
         entry = Entry(turn.snapshot(), items, body.previous_response_id, stream.request_id)

@@ -34,22 +34,28 @@ class MessageItem(_Item):
 
 
 class FunctionCallItem(_Item):
-    """A call the model made earlier, sent back with the conversation."""
+    """A call the model made earlier, sent back with the conversation (``namespace``:
+    the ``namespace`` tool that holds the function, as this server names it)."""
 
     type: Literal["function_call"]
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=64)
     arguments: str
+    namespace: str | None = Field(None, max_length=64)
     id: str | None = Field(None, max_length=256)
     status: Status | None = None
 
 
 class FunctionCallOutputItem(_Item):
-    """A function's result, answering the call ``call_id``."""
+    """A function's result, answering the call ``call_id``; without one (Codex sends
+    its own tools' results so), the latest unanswered call of ``name`` (and
+    ``namespace``) before it (``_items``)."""
 
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1, max_length=256)
+    call_id: str | None = Field(None, min_length=1, max_length=256)
     output: Content
+    name: str | None = Field(None, min_length=1, max_length=64)
+    namespace: str | None = Field(None, max_length=64)
     id: str | None = Field(None, max_length=256)
     status: Status | None = None
 
@@ -102,8 +108,22 @@ class FunctionTool(BaseModel):
     strict: bool | None = Field(None, description="always enforced: the grammar is strict")
 
 
+class NamespaceTool(BaseModel):
+    """A ``namespace``: functions grouped under a name (Codex's sub-agent tools); each
+    is offered to the model as a function, and a call of one names its namespace."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    tools: list[FunctionTool] = Field(max_length=128)
+
+
 class OtherTool(BaseModel):
-    """A built-in tool type (web search, shell...): refused with a 400 naming it."""
+    """A built-in tool type (web search, image generation...), which a local server
+    cannot run: left out and named in ``tokenbelt.skipped_tools``, or refused with a
+    400 naming it (``--responses-builtin-tools refuse``)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -112,11 +132,13 @@ class OtherTool(BaseModel):
 
 def _tool_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "function" if kind == "function" else "other"
+    return kind if kind in ("function", "namespace") else "other"
 
 
 Tool = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[OtherTool, Tag("other")],
     Discriminator(_tool_type),
 ]
 
@@ -218,6 +240,12 @@ class ResponseRequest(BaseModel):
     max_output_tokens: int | None = ranges.bounded("max_tokens")
     temperature: ranges.Temperature = None
     top_p: ranges.TopP = None
+    presence_penalty: float | None = Field(
+        None, ge=-2, le=2, description="minus this for every token generated at least once"
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2, le=2, description="minus this times how often a token was generated"
+    )
     top_logprobs: int | None = Field(None, description="only 0: none")
     text: TextConfig | None = None
     reasoning: Reasoning | None = Field(
@@ -228,7 +256,9 @@ class ResponseRequest(BaseModel):
     parallel_tool_calls: bool | None = Field(
         None, description="accepted; a reply makes at most one call"
     )
-    max_tool_calls: int | None = Field(None, ge=1, description="a reply makes at most one call")
+    max_tool_calls: int | None = Field(
+        None, ge=1, description="accepted: a reply makes at most one call (the answer says 1)"
+    )
     truncation: Literal["auto", "disabled"] | None = Field(
         None,
         description="auto: the conversation's oldest items are left out when it outgrows "
@@ -243,7 +273,9 @@ class ResponseRequest(BaseModel):
     )
     user: str | None = Field(None, description="accepted, no effect")
     safety_identifier: str | None = Field(None, description="accepted, no effect")
-    service_tier: str | None = Field(None, description="accepted, no effect")
+    service_tier: str | None = Field(
+        None, description="accepted: one tier here (the answer says 'default')"
+    )
     prompt_cache_key: str | None = Field(
         None,
         description="accepted: the prefix cache is always on and matches the prompt itself, "

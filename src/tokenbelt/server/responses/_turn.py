@@ -73,12 +73,21 @@ class Turn:
     """The response ``response_id`` being made from ``stream``; ``echo`` is the part of
     the request a response object repeats (instructions, tools, sampling...)."""
 
-    def __init__(self, response_id: str, model: str, echo: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        echo: dict[str, Any],
+        namespaces: dict[str, str] | None = None,
+    ) -> None:
         self.id = response_id
+        #: function name -> the ``namespace`` tool it was offered from
+        self.namespaces = namespaces or {}
         self.response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
             "created_at": int(time.time()),
+            "completed_at": None,
             "status": "in_progress",
             "model": model,
             "output": [],
@@ -164,7 +173,8 @@ class Turn:
 
     def _call(self, call_id: str, name: str) -> list[dict[str, Any]]:
         events = self._close("completed")
-        return events + self._add(call_item(new_id("fc"), call_id, name, "", "in_progress"))
+        space = self.namespaces.get(name)
+        return events + self._add(call_item(new_id("fc"), call_id, name, "", "in_progress", space))
 
     def _arguments(self, text: str) -> list[dict[str, Any]]:
         assert self._open is not None
@@ -197,7 +207,14 @@ class Turn:
                 self.event("response.content_part.done", **where, content_index=0, part=part)
             )
         else:
-            done = call_item(item["id"], item["call_id"], item["name"], item["arguments"], status)
+            done = call_item(
+                item["id"],
+                item["call_id"],
+                item["name"],
+                item["arguments"],
+                status,
+                item.get("namespace"),
+            )
             events.append(
                 self.event(
                     "response.function_call_arguments.done",
