@@ -91,8 +91,7 @@ def test_codex_exec_runs_a_shell_call_that_round_trips(tmp_path: Path) -> None:
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    # --n-ctx 8192: until the default context is the trained length
-    flags = ("--n-ctx", "8192", "--log-level", "info")
+    flags = ("--log-level", "info")  # the defaults otherwise: Codex's first turn fits them
     with serve(tmp_path, str(default_model_path()), flags=flags, timeout=120) as (url, _):
         for _ in range(TRIES):
             events = _codex(url, home, work, tmp_path / "serve.log")
