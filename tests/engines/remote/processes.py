@@ -6,7 +6,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -21,25 +21,44 @@ HERE = Path(__file__).parent
 class Process:
     """A server process: its URL, its log, and a way to kill it hard."""
 
-    def __init__(self, command: Sequence[str], url: str, log: Path, ready: str) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        url: str,
+        log: Path,
+        ready: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.command = list(command)
         self.url = url
         self.log = log
         self.ready = ready
+        self.env = None if env is None else dict(env)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90.0) -> Process:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Process:
+        """Start the process; ``wait_ready`` waits for it (several may start at once)."""
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> Process:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                pytest.fail(f"{self.command} exited:\n{self.log.read_text()}")
+                pytest.fail(f"{self.command} exited:\n{self.log.read_text()[-4000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if plainhttp.get(self.url + self.ready, timeout=2.0).status_code == 200:
                     return self
             if time.monotonic() > deadline:
-                pytest.fail(f"{self.command} not ready after {timeout} s:\n{self.log.read_text()}")
+                log = self.log.read_text()[-4000:]
+                pytest.fail(f"{self.command} not ready after {timeout} s:\n{log}")
             time.sleep(0.1)
 
     def kill(self) -> None:
