@@ -25,6 +25,7 @@ from tokenbelt.engines.remote._kinds import metric
 # The fixture's first use makes the venv (minutes, once) and starts two vLLMs.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
+#: a long answer (with ``ignore_eos``, 1,500 tokens): a vLLM that did not stop is busy a while
 COUNT = "Count from 1 to 1000, one number per line."
 
 
@@ -166,7 +167,7 @@ def test_a_client_that_leaves_a_stream_is_released_at_vllm(
 ) -> None:
     fr = front(serve, vllms.main)
     with RawClient(fr.url) as client:
-        client.send(CHAT, body(COUNT, max_tokens=1500, stream=True))
+        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500, stream=True))
         client.read_head()
         for _ in range(3):
             client.read_until(b'"content"')
@@ -179,7 +180,7 @@ def test_a_non_streaming_client_that_leaves_is_released_at_vllm(
 ) -> None:
     fr = front(serve, vllms.main)
     with RawClient(fr.url) as client:
-        client.send(CHAT, body(COUNT, max_tokens=1500))
+        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500))
         trace = fr.recorder.nth(0)
         fr.recorder.wait(trace, "first_token")
     assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, vllms.main)
@@ -190,7 +191,10 @@ def test_a_user_cancel_and_a_deadline_are_released_at_vllm(
 ) -> None:
     fr = front(serve, vllms.main)
     with plainhttp.stream(
-        "POST", fr.url + CHAT, json=body(COUNT, max_tokens=1500, stream=True), timeout=NET
+        "POST",
+        fr.url + CHAT,
+        json=body(COUNT, ignore_eos=True, max_tokens=1500, stream=True),
+        timeout=NET,
     ) as response:
         request_id = response.headers["x-request-id"]
         lines = response.iter_lines()
@@ -200,7 +204,9 @@ def test_a_user_cancel_and_a_deadline_are_released_at_vllm(
         events = collect(lines)
     assert events[-2]["tokenbelt"]["end_reason"] == "user_cancel"
     assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.USER_CANCEL, vllms.main)
-    limited = body(COUNT, max_tokens=1500, stream=True, tokenbelt={"total_timeout": 1.0})
+    limited = body(
+        COUNT, ignore_eos=True, max_tokens=1500, stream=True, tokenbelt={"total_timeout": 1.0}
+    )
     with plainhttp.stream("POST", fr.url + CHAT, json=limited, timeout=NET) as response:
         request_id = response.headers["x-request-id"]
         events = collect(response.iter_lines())
@@ -212,8 +218,8 @@ def test_two_vllms_behind_one_model(vllms: Vllms, serve: ServeFactory) -> None:
     spare = vllms.spare().url
     fr = front(serve, vllms.main, spare)
     (model,) = fr.runtime.models.values()
-    first = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500)
-    second = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500)
+    first = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500, ignore_eos=True)
+    second = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500, ignore_eos=True)
     next(iter(first))
     next(iter(second))
     # Least outstanding requests: one on each.
@@ -239,7 +245,7 @@ def test_a_vllm_killed_mid_stream_ends_the_request_with_its_cause(
     spare = vllms.spare()
     fr = front(serve, spare.url)
     (model,) = fr.runtime.models.values()
-    stream = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500)
+    stream = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500, ignore_eos=True)
     pieces = iter(stream)
     next(pieces)
     spare.kill()
