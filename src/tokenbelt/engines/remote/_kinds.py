@@ -33,7 +33,7 @@ import contextlib
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,7 +105,6 @@ class Probed:
     slots: bool = False
     #: True once a probe got an answer (an upstream down at start is probed again)
     done: bool = False
-    notes: tuple[str, ...] = field(default=())
 
     def options(self) -> frozenset[str]:
         return OPTIONS[self.kind]
