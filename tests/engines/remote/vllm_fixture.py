@@ -47,7 +47,7 @@ def vllm_process(tmp: Path, model: Path, core: int, *extra: str) -> Process:
     command = [*vllm_cpu.server_command(model, port, eager=True), *extra]
     log = tmp / f"vllm-{port}.log"
     env = vllm_cpu.server_env(core % len(os.sched_getaffinity(0)))
-    return Process(command, f"http://127.0.0.1:{port}", log, "/health", env=env)
+    return Process(command, f"http://127.0.0.1:{port}", log, "/health", env=env, group=True)
 
 
 @pytest.fixture(scope="session")
