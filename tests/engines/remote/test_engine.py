@@ -188,6 +188,19 @@ def test_upstream_errors_are_clear(serve: ServeFactory) -> None:
     assert "scripted failure" in answer.json()["error"]["message"]
 
 
+def test_options_a_tokenbelt_upstream_takes_pass_through(serve: ServeFactory) -> None:
+    up = upstream(serve, ScriptedEngine(words(3), delay=0.0))
+    fr = front(serve, up, health_interval=None)
+    # The front passes ignore_eos on; this upstream's engine refuses it in its own words.
+    answer = plainhttp.post(fr.url + CHAT, json=chat_body(ignore_eos=True), timeout=NET)
+    assert answer.status_code == 400
+    assert "not supported by the scripted engine" in answer.json()["error"]["message"]
+    # What no upstream gets from the front: refused by the front, naming it.
+    answer = plainhttp.post(fr.url + CHAT, json=chat_body(logprobs=True), timeout=NET)
+    assert answer.status_code == 400
+    assert "logprobs is not supported by the remote engine" in answer.text
+
+
 def test_a_refused_connection_is_a_runtime_error_with_its_cause() -> None:
     with silent_server() as gone:
         url = gone.url

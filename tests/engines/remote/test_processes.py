@@ -185,6 +185,8 @@ def test_llama_cpp_python_server_as_upstream(tmp_path: Path) -> None:
         # Closed, but that server keeps no record a front could read: not claimed.
         assert stream.trace.upstream is not None
         assert stream.trace.upstream["release"] == "unconfirmed"
+        assert stream.trace.upstream["kind"] == "llama-cpp-python"
+        assert "keeps no record" in stream.trace.upstream["release_why"]
         started = time.monotonic()
         follow = model.stream([{"role": "user", "content": "Say hi"}], max_tokens=2)
         next(iter(follow))
@@ -193,6 +195,10 @@ def test_llama_cpp_python_server_as_upstream(tmp_path: Path) -> None:
         # Not a timing target: a server that decoded the rest of the 1,500 tokens first
         # would take far longer.
         assert ttft < 10.0, ttft
+        # A JSON schema reaches it as tokenbelt's grammar (its ``grammar`` field).
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        shaped = model.complete([{"role": "user", "content": "A number"}], schema=schema)
+        assert isinstance(json.loads(shaped.text)["n"], int)
 
 
 def test_llama_cpp_python_server_streams_through_a_front(tmp_path: Path) -> None:

@@ -19,12 +19,13 @@ Each request is one task that
   id, passed in ``x-request-id``) and keeps it in ``trace.upstream``: the front's
   release comes after the upstream's (or after ``UPSTREAM_RELEASE_WAIT_S``);
 - says in ``trace.upstream["release"]`` what it knows of the upstream's end, and never
-  claims more: ``finished`` (the upstream's stream reached its own end), ``confirmed``
-  (stopped here, and a tokenbelt upstream's trace says it released the request),
-  ``unconfirmed`` (stopped here and the connection closed, but the upstream cannot say
-  whether it stopped generating: llama.cpp's and llama-cpp-python's servers, vLLM and
-  Ollama offer no per-request stop or release record, so closing the connection is all a
-  front can do), ``upstream_ended`` (it failed or broke off);
+  claims more (``_release.py``): ``finished``, ``upstream_ended``, ``confirmed`` (stopped
+  here, and the upstream showed it let go: a tokenbelt's trace, vLLM's ``/metrics``,
+  llama.cpp's ``/slots``; ``release_by`` and ``released_at`` say which and when) or
+  ``unconfirmed`` (``release_why``: llama-cpp-python's server and Ollama keep nothing a
+  front can read);
+- probes what each upstream is (``_kinds.py``), passes through the options that kind
+  takes and refuses the rest before any request, naming the upstream;
 - retries on another upstream when one refuses, answers 5xx or breaks off, but only
   while no token has reached the belt.
 
@@ -49,9 +50,11 @@ from typing import TYPE_CHECKING
 from ..._errors import Cancelled, InvalidArgument, UpstreamError, UpstreamUnavailable
 from ...belt import EndReason, Producer
 from .._base import OnExit, check_can_start, run_to_end
-from .._request import GenerationRequest, refuse, refuse_grammar
+from .._request import GenerationRequest, SamplingParams, refuse
 from .._statistics import EngineStatistics, UpstreamStatistics
-from ._relay import Job, record_release, relay
+from ._kinds import GRAMMAR, OPTIONS, Kind, probe
+from ._relay import Job, relay
+from ._release import RELEASE_WAIT_S, abort_at, settle
 from ._session import new_loop, open_session
 from ._upstreams import UpstreamPool, UpstreamState
 from ._wire import estimate_tokens, event_data, raise_for_status, request_body
@@ -64,8 +67,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tokenbelt.engines.remote")
 
-#: how long the engine waits for a tokenbelt upstream's cancel answer and release
-UPSTREAM_RELEASE_WAIT_S = 1.0
+#: how long the engine waits for a tokenbelt upstream's cancel answer
+UPSTREAM_RELEASE_WAIT_S = RELEASE_WAIT_S
+#: how long a probe of what an upstream is may take at the engine's start
+PROBE_WAIT_S = 1.0
+#: options the front cannot relay, whatever the upstream
+NOT_RELAYED = ("logprobs", "return_token_ids", "reasoning_budget", "reasoning_timeout")
 
 
 class RemoteEngine:
@@ -114,6 +121,9 @@ class RemoteEngine:
         self._session = asyncio.run_coroutine_threadsafe(
             open_session(connect_timeout), self._loop
         ).result()
+        probing = asyncio.run_coroutine_threadsafe(self._probe_all(), self._loop)
+        with contextlib.suppress(TimeoutError):  # those still unknown: at a health check
+            probing.result(PROBE_WAIT_S)
         if health_interval is not None:
             asyncio.run_coroutine_threadsafe(self._start_health(health_interval), self._loop)
 
@@ -122,20 +132,10 @@ class RemoteEngine:
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """An estimate (the upstream's usage replaces it); a prompt too long for the
         upstream's context comes back as the upstream's own 400."""
-        refuse(
-            request.sampling,
-            "remote",
-            "logprobs",
-            "ignore_eos",
-            "min_tokens",
-            "return_token_ids",
-            "reasoning_budget",
-            "reasoning_timeout",
-            "repeat_last_n",
-        )
+        refuse(request.sampling, "remote", *NOT_RELAYED)
+        self._refuse_per_upstream(request)
         if request.sampling.think not in (None, False):  # false asks nothing of it
             raise InvalidArgument("think is not supported by the remote engine", param="think")
-        refuse_grammar(request, "a remote engine")
         if not request.reuse_prefix:
             raise InvalidArgument(
                 "cache_prompt: false is not supported by the remote engine: the upstream "
@@ -159,6 +159,32 @@ class RemoteEngine:
         if request.prompt is not None:
             return estimate_tokens(request.prompt)
         return estimate_tokens(" ".join(m["content"] for m in request.messages or ()))
+
+    def _refuse_per_upstream(self, request: GenerationRequest) -> None:
+        """An option that some upstream of this model does not take is refused, naming it
+        (any upstream may serve the request)."""
+        defaults = SamplingParams()
+        for state in self.pool.states:
+            if request.grammar is not None:
+                where = f"upstream {state.upstream.url} ({state.probed.kind.value})"
+                if state.probed.kind not in GRAMMAR:
+                    raise InvalidArgument(
+                        f"{where} cannot constrain output with a grammar (a JSON schema, "
+                        "tool calls)"
+                    )
+                if request.grammar.triggers:
+                    raise InvalidArgument(
+                        f"{where} cannot apply a grammar from a trigger on: "
+                        'use tool_choice "required" or a named function',
+                        param="tool_choice",
+                    )
+            for name in sorted(OPTIONS[Kind.TOKENBELT] - state.probed.options()):
+                if getattr(request.sampling, name) != getattr(defaults, name):
+                    raise InvalidArgument(
+                        f"{name} is not supported by upstream {state.upstream.url} "
+                        f"({state.probed.kind.value})",
+                        param=name,
+                    )
 
     def start(
         self, request: GenerationRequest, producer: Producer[str], on_exit: OnExit | None = None
@@ -205,8 +231,8 @@ class RemoteEngine:
             p.on_cancel(on_cancel)
             await asyncio.wait({job.fetch})
             self._record_end(job, job.fetch)
-            await self._fetch_upstream_trace(job)
-            record_release(job)
+            if job.state is not None:
+                await settle(self._session, job, self._headers(job.state))
         except BaseException:
             # This task itself was cancelled (the loop shuts down): the request too.
             if job.fetch is not None:
@@ -237,13 +263,21 @@ class RemoteEngine:
     def _stop(self, job: Job, reason: EndReason) -> None:
         """On the loop, for a stop: end the fetch, whose exit closes the upstream stream.
 
-        A ``user_cancel`` at a tokenbelt upstream is sent first: httpcore closes the
+        A vLLM that serves its abort route is called there too, with its id of the
+        request. A ``user_cancel`` at a tokenbelt upstream is sent first: httpcore closes the
         connection at once when a read is cancelled, and the upstream would record a
         ``client_disconnect`` instead.
         """
         fetch = job.fetch
         if fetch is None or fetch.done():
             return
+        state = job.state
+        if state is not None and state.probed.kind is Kind.VLLM and state.probed.abort_route:
+            # Beside the close, not before it: a router between may not pass a close on.
+            aborting = self._loop.create_task(abort_at(self._session, job, self._headers(state)))
+            job.aborting = aborting
+            self._tasks.add(aborting)
+            aborting.add_done_callback(self._tasks.discard)
         cancelling = self._upstream_cancel(job)
         if cancelling is None:
             fetch.cancel()
@@ -299,36 +333,6 @@ class RemoteEngine:
                 else:
                     response.close()
 
-    async def _fetch_upstream_trace(self, job: Job) -> None:
-        """From a tokenbelt upstream: its trace of this request, once it has released."""
-        import aiohttp
-
-        state, info = job.state, job.producer.trace.upstream
-        if state is None or not state.tokenbelt or info is None:
-            return
-        if info.get("trace", {}).get("timeline_ms", {}).get("released") is not None:
-            return
-        request_id = info.get("request_id") or job.producer.trace.request_id
-        url = f"{state.upstream.url}/v1/requests/{request_id}"
-        deadline = time.monotonic() + UPSTREAM_RELEASE_WAIT_S
-        pause = 0.002
-        while time.monotonic() < deadline:
-            try:
-                async with self._session.get(
-                    url, headers=self._headers(state), timeout=aiohttp.ClientTimeout(total=0.5)
-                ) as answer:
-                    trace = await answer.json() if answer.status == 200 else None
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                return
-            if isinstance(trace, dict):
-                # A new dict, never a change to the one others may be serialising.
-                info = {**info, "trace": trace}
-                job.producer.trace.upstream = info
-                if trace.get("timeline_ms", {}).get("released") is not None:
-                    return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.05)
-
     # -- talking to upstreams ------------------------------------------------------------------
 
     async def _fetch(self, job: Job) -> EndReason:
@@ -367,11 +371,13 @@ class RemoteEngine:
         chat = job.request.messages is not None
         path = "/v1/chat/completions" if chat else "/v1/completions"
         headers = self._headers(state)
-        if state.tokenbelt:  # the same id on both sides (llama.cpp's server wants a UUID)
+        kind = state.probed.kind
+        if kind in (Kind.TOKENBELT, Kind.VLLM):
+            # The same id on both sides (llama.cpp's server wants a UUID; vLLM takes any).
             headers["x-request-id"] = job.producer.trace.request_id
         headers["content-type"] = "application/json"
         sent = time.monotonic()
-        body = json.dumps(request_body(job.request, u.model)).encode()
+        body = json.dumps(request_body(job.request, u.model, kind)).encode()
         try:
             response = await self._session.post(u.url + path, data=body, headers=headers)
             # Held here until the close: an event reader dropped earlier would be
@@ -384,6 +390,7 @@ class RemoteEngine:
                 job.producer.trace.upstream = {
                     "url": u.url,
                     "model": u.model,
+                    **state.probed.describe(),
                     "request_id": job.upstream_id,
                 }
                 return await relay(job, self.pool, state, events, chat, sent)
@@ -406,6 +413,19 @@ class RemoteEngine:
             ) from exc
 
     # -- health ------------------------------------------------------------------------------
+
+    async def _probe(self, state: UpstreamState) -> None:
+        """Find out what ``state`` is (a few GETs; an upstream down stays unknown)."""
+        found = await probe(
+            self._session, state.upstream.url, self._headers(state), tokenbelt=state.tokenbelt
+        )
+        if not state.tokenbelt:  # an answer meanwhile may have said more
+            state.probed = found
+        if found.done:
+            logger.info("upstream %s is %s", state.upstream.url, found.describe())
+
+    async def _probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(s) for s in self.pool.states))
 
     async def _start_health(self, interval: float) -> None:
         self._health = asyncio.get_running_loop().create_task(self._check_health(interval))
@@ -438,9 +458,10 @@ class RemoteEngine:
             return False
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             data = json.loads(body).get("data") or []
-            state.tokenbelt = state.tokenbelt or any(
-                isinstance(m, dict) and isinstance(m.get("tokenbelt"), dict) for m in data
-            )
+            if any(isinstance(m, dict) and isinstance(m.get("tokenbelt"), dict) for m in data):
+                state.seen_tokenbelt()
+        if not state.probed.done:
+            await self._probe(state)
         self.pool.readmit(state)
         return True
 

@@ -1,7 +1,6 @@
 """One request of the remote engine, from its upstream's answer to its end: the events
 read onto the belt (a read waits for room, so a paused reader stops the reads and TCP
-pushes back on the upstream), and what the front knows of the upstream's end
-(``trace.upstream["release"]``; see ``_engine.py``)."""
+pushes back on the upstream), the upstream's own id of it, and its end."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
 
-from ..._errors import Cancelled, UpstreamError, UpstreamUnavailable
+from ..._errors import UpstreamError, UpstreamUnavailable
 from ...belt import EndReason, Producer
 from .._request import GenerationRequest
 from ._session import wake_threadsafe
@@ -35,6 +34,9 @@ class Job:
     produced: int = 0
     fetch: asyncio.Task[EndReason] | None = None
     cancelling: asyncio.Task[None] | None = None
+    #: the call to a vLLM's abort route, and what it answered (``_release.abort_at``)
+    aborting: asyncio.Task[None] | None = None
+    abort: str | None = None
 
 
 async def relay(
@@ -66,14 +68,19 @@ async def relay(
         if not isinstance(event, dict):
             raise UpstreamError(f"upstream {url} sent a malformed event: {data[:80]!r}")
         if event.get("error"):
-            raise UpstreamError(f"upstream {url} failed: {error_message(event)}")
+            raise _event_error(event, url)
         extension = event.get("tokenbelt")
         if isinstance(extension, dict):
-            state.tokenbelt = True
+            state.seen_tokenbelt()
             if isinstance(extension.get("end_reason"), str):
                 upstream_reason = extension["end_reason"]
             if isinstance(extension.get("trace"), dict) and p.trace.upstream is not None:
                 p.trace.upstream = {**p.trace.upstream, "trace": extension["trace"]}
+        if job.upstream_id is None and isinstance(event.get("id"), str):
+            # The upstream's own id of the request (vLLM's embeds the front's id).
+            job.upstream_id = event["id"]
+            if p.trace.upstream is not None:
+                p.trace.upstream = {**p.trace.upstream, "request_id": event["id"]}
         usage = event.get("usage")
         if isinstance(usage, dict):
             if isinstance(usage.get("prompt_tokens"), int):
@@ -109,6 +116,18 @@ async def relay(
     return reason
 
 
+def _event_error(event: dict[str, object], url: str) -> UpstreamError:
+    """An error event: vLLM answers a bad streaming request with a 200 and one event that
+    holds the status (``code``); a 4xx there passes through like an answered 4xx."""
+    error = event.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and 400 <= code < 500:
+        return UpstreamError(error_message(event), status=code)
+    if isinstance(code, int) and code >= 500:
+        return UpstreamUnavailable(f"upstream {url} failed: {error_message(event)}", status=code)
+    return UpstreamError(f"upstream {url} failed: {error_message(event)}")
+
+
 async def drain(events: AsyncGenerator[str, None]) -> None:
     """Read the end of a finished body, so that its connection serves the next request
     (one left unread is closed); an upstream that keeps it open gets a second."""
@@ -128,20 +147,3 @@ async def room(producer: Producer[str]) -> None:
         woken = asyncio.Event()
         if producer.on_room(partial(wake_threadsafe, loop, woken)):
             await woken.wait()
-
-
-def record_release(job: Job) -> None:
-    """``trace.upstream["release"]``: what the front knows of the upstream's end (see the
-    module's docstring); nothing when no upstream answered."""
-    trace = job.producer.trace
-    info, fetch = trace.upstream, job.fetch
-    if info is None or fetch is None:
-        return
-    error = None if fetch.cancelled() else fetch.exception()
-    if not fetch.cancelled() and not isinstance(error, Cancelled):  # not stopped here
-        release = "finished" if error is None else "upstream_ended"
-    elif info.get("trace", {}).get("timeline_ms", {}).get("released") is not None:
-        release = "confirmed"
-    else:
-        release = "unconfirmed"
-    trace.upstream = {**info, "release": release}

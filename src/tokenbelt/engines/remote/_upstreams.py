@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..._errors import InvalidArgument, UpstreamUnavailable
 from ...belt import check
 from .._statistics import UpstreamStatistics
+from ._kinds import Kind, Probed
 
 logger = logging.getLogger("tokenbelt.engines.remote")
 
@@ -39,8 +40,9 @@ class Upstream:
     reads it from an environment variable); ``headers`` extra headers for every
     request; ``max_concurrency`` how many requests it may hold at once; ``tokenbelt``
     says it is known to be a tokenbelt server (else the engine finds out from its
-    answers): only a tokenbelt upstream is sent the front's ``x-request-id`` (other
-    servers have rules of their own for that header) and called to cancel.
+    answers, and probes what any other is, ``_kinds.py``): only a tokenbelt or vLLM
+    upstream is sent the front's ``x-request-id`` (other servers have rules of their own
+    for that header), and only a tokenbelt one is called to cancel.
     """
 
     url: str
@@ -78,7 +80,17 @@ class UpstreamState:
         self.last_pick = 0.0
         self.ttft_sum = 0.0
         self.ttft_count = 0
-        self.tokenbelt = upstream.tokenbelt
+        #: what the upstream is (``_kinds.probe``); a tokenbelt one is known at once
+        self.probed = Probed(Kind.TOKENBELT, done=True) if upstream.tokenbelt else Probed()
+
+    @property
+    def tokenbelt(self) -> bool:
+        return self.probed.kind is Kind.TOKENBELT
+
+    def seen_tokenbelt(self) -> None:
+        """Its answers carry tokenbelt's extension: it is one, whatever the probe said."""
+        if not self.tokenbelt:
+            self.probed = Probed(Kind.TOKENBELT, done=True)
 
     @property
     def ejected(self) -> bool:

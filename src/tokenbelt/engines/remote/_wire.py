@@ -9,11 +9,14 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import UpstreamError, UpstreamUnavailable
-from .._request import GenerationRequest
+from .._request import GenerationRequest, SamplingParams
+from ._kinds import GRAMMAR, OPTIONS, WIRE_NAMES, Kind
 
 if TYPE_CHECKING:
     import aiohttp  # imported on first use (see ``_engine.py``)
 
+#: options sent whatever their value, where the upstream takes them (as they always were)
+ALWAYS_SENT = frozenset({"top_k", "min_p", "repeat_penalty"})
 #: the longest event line an upstream may send (a longer one is an error)
 MAX_EVENT_BYTES = 256 * 1024
 #: the most an error body from an upstream is read
@@ -62,12 +65,13 @@ async def event_data(response: aiohttp.ClientResponse) -> AsyncGenerator[str, No
             raise UpstreamError(f"an event line longer than {MAX_EVENT_BYTES} bytes")
 
 
-def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
+def request_body(request: GenerationRequest, model: str, kind: Kind = Kind.OTHER) -> dict[str, Any]:
     """A streaming request with usage, whatever the client asked (a stream can be stopped).
 
-    ``top_k``, ``min_p`` and ``repeat_penalty`` go along: llama.cpp's server and tokenbelt
-    take them, vLLM takes the first two, and OpenAI-compatible servers ignore fields
-    they do not know.
+    Beyond OpenAI's options, those that ``kind`` takes go along (``_kinds.OPTIONS``, under
+    the kind's own names): ``top_k``, ``min_p`` and ``repeat_penalty`` always, the others
+    when they ask for something (``ignore_eos``, ``min_tokens``, ``repeat_last_n``). An
+    option the kind does not take is refused before (``RemoteEngine.count_prompt_tokens``).
     """
     s = request.sampling
     body: dict[str, Any] = {
@@ -77,10 +81,16 @@ def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
         "max_tokens": s.max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
-        "top_k": s.top_k,
-        "min_p": s.min_p,
-        "repeat_penalty": s.repeat_penalty,
     }
+    names = WIRE_NAMES.get(kind, {})
+    for name in OPTIONS[kind]:
+        value = getattr(s, name)
+        if name in ALWAYS_SENT or value != SamplingParams.__dataclass_fields__[name].default:
+            body[names.get(name, name)] = value
+    if request.grammar is not None and kind in GRAMMAR:
+        g = request.grammar
+        gbnf = g.gbnf if g.root == "root" else f"root ::= {g.root}\n{g.gbnf}"
+        body[GRAMMAR[kind]] = {"grammar": gbnf} if kind is Kind.VLLM else gbnf
     if s.seed is not None:
         body["seed"] = s.seed
     if s.stop:

@@ -1,0 +1,261 @@
+"""The remote engine in front of a real vLLM (the CPU build, the embedded model's weights
+in bf16): what runs against tokenbelt and llama.cpp's servers elsewhere, here against the
+engine a growing team moves to. vLLM's own ``/metrics`` is the evidence that a stop at
+the front reached it; the front's trace says so itself (``upstream.release``).
+
+Marked ``vllm``: run with ``TOKENBELT_VLLM=1`` (``vllm_fixture.py``). The last test kills
+the session's spare vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+import plainhttp
+from engines.remote import vllm_cpu
+from engines.remote.vllm_fixture import Vllms
+from server.conftest import CHAT, NET, RawClient, Served, ServeFactory, collect
+from tokenbelt import EndReason, InvalidArgument, Runtime, Trace, UpstreamUnavailable
+from tokenbelt.engines.remote._kinds import metric
+
+# The fixture's first use makes the venv (minutes, once) and starts two vLLMs.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+#: a long answer (with ``ignore_eos``, 1,500 tokens): a vLLM that did not stop is busy a while
+COUNT = "Count from 1 to 1000, one number per line."
+
+
+def front(serve: ServeFactory, *urls: str, **options: Any) -> Served:
+    """A tokenbelt server whose models are the upstreams' (``serve --upstream``)."""
+    runtime = Runtime(keep_alive=None, queue_size=8)
+    options.setdefault("health_interval", 0.5)
+    runtime.add_upstreams(list(urls), **options)
+    return serve(runtime)
+
+
+def body(content: str = "Say hi", **extra: Any) -> dict[str, Any]:
+    return {"model": vllm_cpu.MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def busy(url: str) -> float:
+    """vLLM's requests running and waiting, from its own ``/metrics``."""
+    text = plainhttp.get(f"{url}/metrics", timeout=NET).text
+    return (metric(text, "vllm:num_requests_running") or 0) + (
+        metric(text, "vllm:num_requests_waiting") or 0
+    )
+
+
+def assert_confirmed(served: Served, trace: Trace, reason: EndReason, vllm: str) -> None:
+    """The front stopped ``trace`` for ``reason`` and saw vLLM let go after the stop."""
+    served.assert_released(trace, reason)
+    record = trace.to_dict()
+    upstream = record["upstream"]
+    assert upstream["url"] == vllm
+    assert upstream["kind"] == "vllm"
+    assert upstream["release"] == "confirmed", upstream
+    assert upstream["release_by"] == "metrics"
+    stop = record["enqueued_at"] + record["timeline_ms"]["cancel_requested"] / 1000
+    assert upstream["released_at"] >= stop - 0.01
+    assert busy(vllm) == 0
+
+
+def test_stream_and_json_through_the_front(vllms: Vllms, serve: ServeFactory) -> None:
+    fr = front(serve, vllms.main)
+    streamed = body(max_tokens=8, stream=True, stream_options={"include_usage": True})
+    with plainhttp.stream("POST", fr.url + CHAT, json=streamed, timeout=NET) as response:
+        assert response.status_code == 200
+        events = collect(response.iter_lines())
+    assert events[-1] == "[DONE]"
+    text = "".join(
+        (e["choices"][0]["delta"].get("content") or "") for e in events[:-1] if e.get("choices")
+    )
+    assert text
+    (usage,) = [e["usage"] for e in events[:-1] if e.get("usage")]
+    assert 0 < usage["completion_tokens"] <= 8
+    assert usage["prompt_tokens"] > 0
+    ends = [e["tokenbelt"].get("end_reason") for e in events[:-1] if "tokenbelt" in e]
+    assert ends[-1] in ("stop", "length")
+    answer = plainhttp.post(fr.url + CHAT, json=body(max_tokens=8), timeout=NET)
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()
+    assert reply["choices"][0]["message"]["content"]
+    upstream = reply["tokenbelt"]["trace"]["upstream"]
+    assert (upstream["kind"], upstream["version"]) == ("vllm", vllm_cpu.VERSION)
+    # vLLM took the front's request id into its own.
+    assert upstream["request_id"] == "chatcmpl-" + answer.headers["x-request-id"]
+    assert upstream["release"] == "finished"
+
+
+def test_what_vllm_takes_passes_through_and_the_rest_is_refused(
+    vllms: Vllms, serve: ServeFactory
+) -> None:
+    fr = front(serve, vllms.main)
+    for extra in ({"ignore_eos": True}, {"min_tokens": 20}):
+        answer = plainhttp.post(fr.url + CHAT, json=body(max_tokens=20, **extra), timeout=NET)
+        assert answer.status_code == 200, answer.text
+        reply = answer.json()
+        assert reply["usage"]["completion_tokens"] == 20, (extra, reply)
+        assert reply["choices"][0]["finish_reason"] == "length"
+    # What the front cannot relay, and what vLLM does not take: one line naming it.
+    answer = plainhttp.post(fr.url + CHAT, json=body(logprobs=True), timeout=NET)
+    assert answer.status_code == 400
+    assert "logprobs is not supported by the remote engine" in answer.text
+    with pytest.raises(InvalidArgument, match="repeat_last_n") as refused:
+        fr.model().complete([{"role": "user", "content": "hi"}], max_tokens=2, repeat_last_n=8)
+    assert f"upstream {vllms.main} (vllm)" in str(refused.value)
+
+
+def test_json_schema_and_tools_reach_vllm_as_its_grammar(vllms: Vllms, serve: ServeFactory) -> None:
+    fr = front(serve, vllms.main)
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    asked = body("Describe a person as JSON.", max_tokens=60, response_format=response_format)
+    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
+    assert answer.status_code == 200, answer.text
+    person = json.loads(answer.json()["choices"][0]["message"]["content"])
+    assert isinstance(person["name"], str)
+    assert isinstance(person["age"], int)
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    asked = body("Weather in Paris?", max_tokens=60, tools=[weather], tool_choice=named)
+    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
+    assert answer.status_code == 200, answer.text
+    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    # A grammar that starts at a trigger (the model chooses): vLLM has no such thing.
+    asked = body("Weather in Paris?", max_tokens=60, tools=[weather], tool_choice="auto")
+    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
+    assert answer.status_code == 400
+    assert "tool_choice" in answer.text
+
+
+def test_a_4xx_from_vllm_passes_through(vllms: Vllms, serve: ServeFactory) -> None:
+    fr = front(serve, vllms.main)
+    out_of_vocabulary = body(max_tokens=4, logit_bias={"999999": 5})
+    answer = plainhttp.post(fr.url + CHAT, json=out_of_vocabulary, timeout=NET)
+    assert answer.status_code == 400
+    assert "out-of-vocab" in answer.json()["error"]["message"]
+    streamed = {**out_of_vocabulary, "stream": True}
+    with plainhttp.stream("POST", fr.url + CHAT, json=streamed, timeout=NET) as response:
+        events = collect(response.iter_lines())
+    errors = [e["error"] for e in events if isinstance(e, dict) and "error" in e]
+    assert errors, events
+    assert "out-of-vocab" in errors[-1]["message"]
+
+
+def test_a_client_that_leaves_a_stream_is_released_at_vllm(
+    vllms: Vllms, serve: ServeFactory
+) -> None:
+    fr = front(serve, vllms.main)
+    with RawClient(fr.url) as client:
+        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500, stream=True))
+        client.read_head()
+        for _ in range(3):
+            client.read_until(b'"content"')
+        trace = fr.recorder.nth(0)
+    assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, vllms.main)
+
+
+def test_a_non_streaming_client_that_leaves_is_released_at_vllm(
+    vllms: Vllms, serve: ServeFactory
+) -> None:
+    fr = front(serve, vllms.main)
+    with RawClient(fr.url) as client:
+        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500))
+        trace = fr.recorder.nth(0)
+        fr.recorder.wait(trace, "first_token")
+    assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, vllms.main)
+
+
+def test_a_user_cancel_and_a_deadline_are_released_at_vllm(
+    vllms: Vllms, serve: ServeFactory
+) -> None:
+    fr = front(serve, vllms.main)
+    with plainhttp.stream(
+        "POST",
+        fr.url + CHAT,
+        json=body(COUNT, ignore_eos=True, max_tokens=1500, stream=True),
+        timeout=NET,
+    ) as response:
+        request_id = response.headers["x-request-id"]
+        lines = response.iter_lines()
+        next(line for line in lines if '"content"' in line)
+        cancel = plainhttp.post(f"{fr.url}/v1/requests/{request_id}/cancel", timeout=NET)
+        assert cancel.json()["cancelled"] is True
+        events = collect(lines)
+    assert events[-2]["tokenbelt"]["end_reason"] == "user_cancel"
+    assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.USER_CANCEL, vllms.main)
+    limited = body(
+        COUNT, ignore_eos=True, max_tokens=1500, stream=True, tokenbelt={"total_timeout": 1.0}
+    )
+    with plainhttp.stream("POST", fr.url + CHAT, json=limited, timeout=NET) as response:
+        request_id = response.headers["x-request-id"]
+        events = collect(response.iter_lines())
+    assert events[-2]["tokenbelt"]["end_reason"] == "total_timeout"
+    assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.TOTAL_TIMEOUT, vllms.main)
+
+
+def test_two_vllms_behind_one_model(vllms: Vllms, serve: ServeFactory) -> None:
+    spare = vllms.spare().url
+    fr = front(serve, vllms.main, spare)
+    (model,) = fr.runtime.models.values()
+    first = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500, ignore_eos=True)
+    second = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500, ignore_eos=True)
+    next(iter(first))
+    next(iter(second))
+    # Least outstanding requests: one on each.
+    assert first.trace.upstream is not None
+    assert second.trace.upstream is not None
+    assert {first.trace.upstream["url"], second.trace.upstream["url"]} == {vllms.main, spare}
+    for stream in (first, second):
+        stream.cancel()
+        assert stream.wait_released(NET)
+        assert stream.trace.upstream is not None
+        assert stream.trace.upstream["release"] == "confirmed", stream.trace.upstream
+    # The spare serves its abort route (--enable-scale-out): the front called it too.
+    on_spare = first if first.trace.upstream["url"] == spare else second
+    assert on_spare.trace.upstream is not None
+    expected = f"200 for chatcmpl-{on_spare.trace.request_id}"
+    assert on_spare.trace.upstream["abort"] == expected
+    assert busy(vllms.main) == busy(spare) == 0
+
+
+def test_a_vllm_killed_mid_stream_ends_the_request_with_its_cause(
+    vllms: Vllms, serve: ServeFactory
+) -> None:
+    spare = vllms.spare()
+    fr = front(serve, spare.url)
+    (model,) = fr.runtime.models.values()
+    stream = model.stream([{"role": "user", "content": COUNT}], max_tokens=1500, ignore_eos=True)
+    pieces = iter(stream)
+    next(pieces)
+    spare.kill()
+    started = time.monotonic()
+    with pytest.raises(UpstreamUnavailable, match=r"broke off|closed the stream") as failed:
+        for _ in pieces:
+            pass
+    assert spare.url in str(failed.value)
+    assert stream.end_reason is EndReason.RUNTIME_ERROR
+    assert stream.trace.upstream is not None
+    assert stream.trace.upstream["release"] == "upstream_ended"
+    # Not a timing target: the end reaches the reader, not a hang until some deadline.
+    assert time.monotonic() - started < NET
