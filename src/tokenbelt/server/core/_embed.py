@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -22,25 +22,29 @@ from starlette.responses import JSONResponse, Response
 
 from ..._errors import Cancelled, InvalidArgument, RuntimeClosed
 from ...belt import EndReason, new_request_id
-from ...runtime import Embeddings, EmbeddingStream, Model
+from ...runtime import Embeddings, EmbeddingStream, Model, TranscriptionStream
 from ._errors import ErrorShape, compact_json, failure
 from ._middleware import CALLER, REQUEST_ID
 from ._options import TokenbeltOptions
 from ._path import RELEASE_WAIT_S, Asgi, RequestPath, end_failure
 from ._responses import DeferredResponse
 
+#: what ``submit_embedding`` queues: an embedding or a transcription stream
+S = TypeVar("S", bound=EmbeddingStream | TranscriptionStream)
+
 
 async def submit_embedding(
     path: RequestPath,
     model: Model,
-    make: Callable[..., EmbeddingStream],
+    make: Callable[..., S],
     options: TokenbeltOptions | None,
     *,
     api: str,
-) -> EmbeddingStream:
-    """Queue an embedding or rerank request: ``make(limits=..., request_id=...)`` is the
-    model's ``embeddings`` or ``reranking`` with the body's inputs bound. Blocks (off
-    the event loop) only to reload the model and to tokenize."""
+) -> S:
+    """Queue an embedding, rerank or transcription request: ``make(limits=...,
+    request_id=...)`` is the model's ``embeddings``, ``reranking`` or ``transcription``
+    with the body's inputs bound. Blocks (off the event loop) to reload the model and to
+    tokenize (or decode the audio)."""
     state = path.state
     if state.shutting_down:
         raise RuntimeClosed("the server is shutting down")

@@ -20,14 +20,13 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
-import anyio
 from starlette.responses import Response
 
-from ..._errors import Cancelled, InvalidArgument, RuntimeClosed
-from ...belt import EndReason, new_request_id
+from ..._errors import Cancelled, InvalidArgument
+from ...belt import EndReason
 from ...runtime import Model, Transcription, TranscriptionStream
+from ._embed import submit_embedding
 from ._errors import ErrorShape, compact_json, failure
-from ._middleware import CALLER, REQUEST_ID
 from ._options import TokenbeltOptions
 from ._path import RELEASE_WAIT_S, Asgi, RequestPath, end_failure
 from ._responses import DeferredResponse, EventStreamResponse, disconnect, reader_gone
@@ -68,22 +67,7 @@ async def submit_transcription(
     """Queue a transcription: ``make(limits=..., request_id=...)`` is the model's
     ``transcription`` with the audio bound. Blocks (off the event loop) to decode the
     audio and to reload the model."""
-    state = path.state
-    if state.shutting_down:
-        raise RuntimeClosed("the server is shutting down")
-    request_id = state.request_id_from(REQUEST_ID.get()) or new_request_id()
-    state.own(request_id, CALLER.get())
-    state.metrics.label(request_id, api)
-    try:
-        stream = await anyio.to_thread.run_sync(
-            partial(make, limits=state.limits_for(options, model), request_id=request_id)
-        )
-    except BaseException:
-        state.metrics.forget(request_id)
-        state.disown(request_id)
-        raise
-    state.track(stream)  # type: ignore[arg-type]
-    return stream
+    return await submit_embedding(path, model, make, options, api=api)
 
 
 def _failed_end(stream: TranscriptionStream, head: dict[str, str], shape: ErrorShape) -> Response:
