@@ -21,11 +21,14 @@ each segment the decode waits for the parent's ``go`` (the belt had room) or a c
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import sys
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..._defaults import DEFAULT_DECODE_NICE
 from ._request import Segment, TranscriptionRequest, Word
 
 
@@ -117,6 +120,11 @@ def _run(conn: Connection, send: threading.Lock, model: Any, ct2: Any, job: _Job
 
 def main(conn: Connection, path: str, threads: int) -> None:
     """The worker's entry point: load, say ``ready``, then serve jobs one at a time."""
+    if sys.platform == "linux" and DEFAULT_DECODE_NICE:
+        # As nice as a chat engine's decode threads (CTranslate2's threads, made later,
+        # inherit it): beside a chat the two share the cores, as embeddings beside chat
+        # do, and the threads that deliver tokens and stops stay ahead of both.
+        os.nice(DEFAULT_DECODE_NICE)
     try:
         from faster_whisper import WhisperModel
 
