@@ -64,7 +64,9 @@ def serving(tmp_path: Path, *args: str) -> Iterator[str]:
 def test_serve_two_aliases_with_a_pin_and_settings_and_ps_shows_them(
     tmp_path: Path, aliases: list[str]
 ) -> None:
-    flags = ("--memory-budget", "2GiB", "--pin", "a", "--model", "b:slots=1,n_ctx=512")
+    # 2 GiB for two models: their prefix caches at 4,096 tokens, not a gibibyte each
+    flags = ("--memory-budget", "2GiB", "--cache-tokens", "4096", "--pin", "a")
+    flags += ("--model", "b:slots=1,n_ctx=512")
     with serving(tmp_path, *aliases, *flags) as url:
         status = plainhttp.get(f"{url}/health", timeout=NET).json()["model_status"]
         assert status["a"]["state"] == "ready"

@@ -323,8 +323,8 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
         default="skip",
         help="what /v1/responses does with a built-in tool (web_search...), which a local "
         "server cannot run: skip leaves it out and names it in tokenbelt.skipped_tools and "
-        "the log (default: Codex sends its own with every request); refuse answers 400 "
-        "naming it",
+        "the log (default skip: Codex sends its own with every request); refuse answers "
+        "400 naming it",
     )
     p.add_argument(
         "--responses-skip-tool",
@@ -332,7 +332,7 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="TYPE",
         help="with --responses-builtin-tools refuse, still leave built-in tools of TYPE "
-        "out (repeatable)",
+        "out (repeatable; default none)",
     )
     p.add_argument(
         "--responses-ttl",

@@ -781,7 +781,19 @@ def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) ->
         timeout=NET,
     )
     # Every field, block and tool schema passed (the tools' grammar is planned before the
-    # count): what stops it is only its length, past this server's 8,192 per sequence.
+    # count), and the whole of it fits the default context (the model's 8,192).
+    assert answer.status_code == 200, answer.text
+    assert 5000 < answer.json()["input_tokens"] < 8192
+    # Longer than the context: refused in Anthropic's words, on both routes.
+    first, *rest = prompt["messages"]
+    pad = {"type": "text", "text": " ".join(f"note {i} on the build." for i in range(1200))}
+    prompt["messages"] = [{**first, "content": [*first["content"], pad]}, *rest]
+    answer = plainhttp.post(
+        f"{served.url}/v1/messages/count_tokens",
+        json=prompt,
+        headers=CLAUDE_CODE["headers"],
+        timeout=NET,
+    )
     assert answer.status_code == 400, answer.text
     asked = plainhttp.post(
         f"{served.url}/v1/messages",
@@ -796,7 +808,7 @@ def test_claude_codes_whole_request_is_read_to_its_last_field(served: Served) ->
         # Anthropic's words, matched as Claude Code matches them (it then compacts)
         found = re.search(CLAUDE_CODE_TOO_LONG, error["message"], re.IGNORECASE)
         assert found is not None, error["message"]
-        assert int(found[1]) > 5000
+        assert int(found[1]) > 8192
         assert int(found[2]) == 8191
         assert "each sequence holds 8192" in error["message"]  # and tokenbelt's own account
 

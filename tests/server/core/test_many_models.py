@@ -41,8 +41,15 @@ def aliases() -> list[str]:
 
 
 def runtime_for(aliases: list[str], budget: int | None, **pins: bool) -> Runtime:
+    # The budgets here are sized for two small models: their prefix caches at 4,096
+    # tokens, not the default gibibyte each (the estimate counts what a cache may hold).
     runtime = Runtime(
-        isolation="process", memory_budget=budget, slots=1, n_ctx=512, keep_alive=None
+        isolation="process",
+        memory_budget=budget,
+        slots=1,
+        n_ctx=512,
+        keep_alive=None,
+        cache_tokens=4096,
     )
     for alias in aliases:
         runtime.load(alias, lazy=True, pin=pins.get(alias, False))
@@ -232,6 +239,7 @@ def test_a_long_prefix_survives_an_eviction_and_the_next_turn_reuses_it(
         slots=1,
         n_ctx=2048,
         keep_alive=None,
+        cache_tokens=4096,  # as runtime_for's
         prefix_cache_dir=tmp_path / "prefix-cache",
     )
     for alias in aliases:

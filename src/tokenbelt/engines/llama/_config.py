@@ -31,7 +31,7 @@ from ..._defaults import (
     MIN_CACHE_TOKENS,
 )
 from ..._errors import InvalidArgument
-from ...belt import check, check_capacity, check_duration
+from ...belt import MAX_CONTEXT, check, check_capacity, check_duration
 from .._request import check_draft
 from ._embed import check_pooling
 from ._persist import DEFAULT_PREFIX_CACHE_DISK, check_disk_budget
@@ -168,7 +168,9 @@ def cache_tokens_for(given: int | None, cell_bytes: float) -> int:
     bytes of KV cells of ``cell_bytes`` each hold (at least ``MIN_CACHE_TOKENS``)."""
     if given is not None:
         return given
-    return max(MIN_CACHE_TOKENS, int(DEFAULT_CACHE_MEMORY // max(cell_bytes, 1.0)))
+    if cell_bytes <= 0:  # a file that does not say its shape: its load says what is wrong
+        return MIN_CACHE_TOKENS
+    return min(MAX_CONTEXT, max(MIN_CACHE_TOKENS, int(DEFAULT_CACHE_MEMORY // cell_bytes)))
 
 
 def context_that_fits(trained: int | None, slots: int, cell_bytes: float) -> int:
