@@ -12,11 +12,13 @@ from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._status import ModelState, ModelStatus
 from ._stream import Reply, Stream, Usage
+from ._supersede import Claim, Superseding
 
 __all__ = [
     "DEFAULT_ALIAS",
     "DEFAULT_SHARE",
     "ChatSession",
+    "Claim",
     "EmbeddingStream",
     "Embeddings",
     "MemoryBudget",
@@ -31,6 +33,7 @@ __all__ = [
     "Scheduler",
     "SchedulerStatistics",
     "Stream",
+    "Superseding",
     "Tool",
     "ToolCall",
     "Usage",
