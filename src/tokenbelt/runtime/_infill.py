@@ -65,7 +65,7 @@ class InfillCalls(EngineCalls):
                 raise InvalidArgument(
                     f"{no_fim_reason(self.name, [])}: its engine ({type(engine).__name__}) "
                     "has no vocabulary in this process to make a FIM prompt with",
-                    param="model",
+                    param="suffix",
                 )
             return engine.infill_prompt(infill, max_tokens)
 

@@ -49,7 +49,7 @@ def infill_prompt(
     ``InvalidArgument`` naming the model and the tokens it lacks."""
     missing = fim_missing(fim)
     if missing:
-        raise InvalidArgument(no_fim_reason(name, missing), param="model")
+        raise InvalidArgument(no_fim_reason(name, missing), param="suffix")
 
     def tokens(text: str) -> list[int]:
         return list(model.tokenize(text.encode("utf-8"), False, False)) if text else []
