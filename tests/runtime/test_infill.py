@@ -114,3 +114,17 @@ def test_a_supersede_key_is_a_non_empty_string(fim: Model) -> None:
     with pytest.raises(InvalidArgument) as caught:
         fim.stream_middle("a", "b", supersede="")
     assert caught.value.param == "supersede"
+
+
+def test_a_request_of_a_claim_already_superseded_ends_before_it_starts(fim: Model) -> None:
+    # Its belt has ended before the engine takes it: the engine lets go inside its own
+    # start, under the scheduler's lock, and the slot is handed on once that is let go.
+    claim = fim.claim("buffer-9")
+    fim.claim("buffer-9")
+    stale = fim.stream_middle("a = ", "", supersede=claim, max_tokens=4)
+    assert stale.wait_released(30)
+    assert stale.end_reason is EndReason.SUPERSEDED
+    assert stale.trace.first_token is None
+    stats = fim.statistics()
+    assert (stats.running, stats.queued) == (0, 0)
+    assert fim.complete_middle("b = ", "", max_tokens=2).end_reason is not None

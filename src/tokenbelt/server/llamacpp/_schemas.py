@@ -33,6 +33,8 @@ class InputChunk(BaseModel):
 
     filename: str = Field("tmp", description="the file's name (llama.cpp's default: tmp)")
     text: str = ""
+    # llama.vim sends when it took the chunk (a reltime() list); llama.cpp reads it not
+    time: list[int] | float | None = Field(None, description="accepted, no effect")
 
 
 class InfillRequest(BaseModel):
