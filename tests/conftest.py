@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fimmodel import fim_model
 from templates import LLAMA3_TEMPLATE, MISTRAL_TEMPLATE, THINKING_TEMPLATE, with_template
 from tokenbelt.belt import invariants
 from tokenbelt.models import default_model_path
@@ -177,6 +178,12 @@ Return each call within <tool_call></tool_call> XML tags.<|im_end|>
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+
+@pytest.fixture(scope="session")
+def fim_gguf() -> Path:
+    """The embedded model with FIM tokens declared (``fimmodel.fim_model``, cached)."""
+    return fim_model()
 
 
 @pytest.fixture(scope="session")

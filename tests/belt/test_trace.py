@@ -308,6 +308,7 @@ def test_end_reasons() -> None:
         "length",
         "user_cancel",
         "client_disconnect",
+        "superseded",
         "reader_timeout",
         "first_token_timeout",
         "total_timeout",
@@ -328,6 +329,8 @@ def test_end_reasons() -> None:
     # Only OpenAI's own values: a caller's stop is "stop", any other early end "length".
     assert EndReason.USER_CANCEL.openai_finish_reason == "stop"
     assert EndReason.CLIENT_DISCONNECT.openai_finish_reason == "stop"
+    # The caller sent the request that replaced it (the next keystroke's completion).
+    assert EndReason.SUPERSEDED.openai_finish_reason == "stop"
     for reason in EndReason:
         assert reason.openai_finish_reason in {"stop", "length"}
         if reason.is_timeout or reason in (EndReason.SHUTDOWN, EndReason.RUNTIME_ERROR):

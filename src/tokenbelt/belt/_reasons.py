@@ -19,6 +19,9 @@ class EndReason(enum.StrEnum):
     USER_CANCEL = "user_cancel"
     #: the HTTP client went away
     CLIENT_DISCONNECT = "client_disconnect"
+    #: a newer request with the same supersede key took its place (the next keystroke's
+    #: completion), queued or running
+    SUPERSEDED = "superseded"
     #: the HTTP client's socket accepted nothing for the reader timeout (an abandoned stream)
     READER_TIMEOUT = "reader_timeout"
     #: no first token before the first-token deadline (counted from enqueue)
@@ -57,7 +60,8 @@ class EndReason(enum.StrEnum):
         """The ``finish_reason`` for OpenAI-style answers: always one of OpenAI's own values.
 
         ``stop`` and ``length`` are themselves; the ends a caller chose (``user_cancel``,
-        ``client_disconnect``, ``reader_timeout``: it stopped reading) are ``stop``; every
+        ``client_disconnect``, ``reader_timeout``: it stopped reading; ``superseded``: it
+        sent the request that replaced this one) are ``stop``; every
         other end cut the reply short for a reason the caller did not choose (a deadline,
         ``shutdown``, ``rejected``, ``runtime_error``) and is ``length``, the value clients
         read as "truncated".
@@ -65,11 +69,19 @@ class EndReason(enum.StrEnum):
         """
         if self.is_natural:
             return self.value
-        if self in (EndReason.USER_CANCEL, EndReason.CLIENT_DISCONNECT, EndReason.READER_TIMEOUT):
+        if self in _CHOSEN:
             return "stop"
         return "length"
 
 
+_CHOSEN = frozenset(
+    {
+        EndReason.USER_CANCEL,
+        EndReason.CLIENT_DISCONNECT,
+        EndReason.READER_TIMEOUT,
+        EndReason.SUPERSEDED,
+    }
+)
 _TIMEOUTS = frozenset(
     {
         EndReason.FIRST_TOKEN_TIMEOUT,

@@ -14,6 +14,16 @@
 from ._base import Engine, LoopEngine, OnExit, OnThreads, Reasoning, Tokenizes, run_to_end
 from ._embedding import POOLINGS, Embedded, EmbeddingInfo, EmbeddingRequest, Embeds
 from ._factory import ISOLATIONS, build
+from ._infill import (
+    FIM_NAMES,
+    FIM_TOKENS,
+    FillsMiddle,
+    Infill,
+    InfillPrompt,
+    extra_files,
+    fim_missing,
+    no_fim_reason,
+)
 from ._request import (
     DRAFT_MODES,
     MAX_STOP,
@@ -106,6 +116,8 @@ __all__ = [
     "DEFAULT_PREFIX_CACHE_DISK",
     "DEFAULT_STOP_GRACE",
     "DRAFT_MODES",
+    "FIM_NAMES",
+    "FIM_TOKENS",
     "FLASH_ATTN",
     "HEARTBEAT_BOUND_S",
     "ISOLATIONS",
@@ -128,11 +140,14 @@ __all__ = [
     "Embeds",
     "Engine",
     "EngineStatistics",
+    "FillsMiddle",
     "GGUFHeader",
     "GenerationRequest",
     "Grammar",
     "GrammarCacheInfo",
     "GrammarSampler",
+    "Infill",
+    "InfillPrompt",
     "LlamaConfig",
     "LlamaEngine",
     "LoopEngine",
@@ -177,6 +192,8 @@ __all__ = [
     "context_that_fits",
     "decode_audio",
     "default_threads",
+    "extra_files",
+    "fim_missing",
     "format_of_template",
     "functions_grammar",
     "json_object_grammar",
@@ -184,6 +201,7 @@ __all__ = [
     "load_vocab",
     "load_with_deadline",
     "model_params",
+    "no_fim_reason",
     "parameter_size",
     "prompt_tokens",
     "quiet_native_logs",

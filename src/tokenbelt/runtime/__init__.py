@@ -12,6 +12,7 @@ from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatSession
 from ._status import ModelState, ModelStatus
 from ._stream import Reply, Stream, Usage
+from ._supersede import Claim, Superseding
 from ._transcribe import (
     DEFAULT_MAX_AUDIO_SECONDS,
     Transcription,
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_MAX_AUDIO_SECONDS",
     "DEFAULT_SHARE",
     "ChatSession",
+    "Claim",
     "EmbeddingStream",
     "Embeddings",
     "MemoryBudget",
@@ -39,6 +41,7 @@ __all__ = [
     "Scheduler",
     "SchedulerStatistics",
     "Stream",
+    "Superseding",
     "Tool",
     "ToolCall",
     "Transcription",

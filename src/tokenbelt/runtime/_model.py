@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._defaults import DEFAULT_CAPACITY, DEFAULT_QUEUE_SIZE
-from .._errors import IllegalState, ModelLoading, OverBudget, RuntimeClosed
+from .._errors import IllegalState, InvalidArgument, ModelLoading, OverBudget, RuntimeClosed
 from ..belt import (
     Belt,
     DeadlineTimer,
@@ -26,11 +26,13 @@ from ..belt import (
 )
 from ..engines import Engine
 from ._embed import EmbeddingCalls
+from ._infill import InfillCalls, fim_tokens_of
 from ._keepalive import KeepAlive, RequestKeepAlive
 from ._memory import MemoryUse
 from ._scheduler import Scheduler, SchedulerStatistics
 from ._session import ChatCalls, ChatSession
 from ._status import ModelState, ModelStatus
+from ._supersede import Claim, Superseding
 from ._transcribe import TranscriptionCalls
 
 logger = logging.getLogger("tokenbelt.runtime")
@@ -45,7 +47,7 @@ def _load_wait(limits: Limits) -> float | None:
     return min(given) if given else None
 
 
-class Model(ChatCalls, EmbeddingCalls, TranscriptionCalls):
+class Model(ChatCalls, InfillCalls, EmbeddingCalls, TranscriptionCalls):
     """One model with ``slots`` engines and a bounded admission queue.
 
     Created by ``Runtime.load()``. ``submit`` (``ChatCalls``) never blocks on
@@ -110,6 +112,9 @@ class Model(ChatCalls, EmbeddingCalls, TranscriptionCalls):
         self._template_tools = False
         self._tool_format = "tokenbelt"
         self._thinks = False
+        self._fim_tokens: dict[str, int] | None = None
+        #: the latest claim of each supersede key (``claim``)
+        self.superseding = Superseding()
         self.loaded_at: float | None = None
         #: when a request last started or ended here (the budget unloads the least recent)
         self.last_used = time.monotonic()
@@ -155,6 +160,7 @@ class Model(ChatCalls, EmbeddingCalls, TranscriptionCalls):
             self._template_tools = bool(engines and engines[0].template_tools)
             self._tool_format = engines[0].tool_format if engines else "tokenbelt"
             self._thinks = bool(engines and engines[0].reasoning is not None)
+            self._fim_tokens = fim_tokens_of(engines[0]) if engines else {}
             self._state = ModelState.READY
             self.unloaded_because = None
             self.loads += 1
@@ -201,6 +207,20 @@ class Model(ChatCalls, EmbeddingCalls, TranscriptionCalls):
         ``<think>`` markers): they are split into reasoning and answer, and
         ``reasoning_budget``/``reasoning_timeout`` bound it. Kept while unloaded."""
         return self._thinks
+
+    @property
+    def fim_tokens(self) -> dict[str, int] | None:
+        """The FIM tokens of the model's vocabulary (``FIM_TOKENS`` names -> ids; empty
+        for an engine that cannot fill in the middle), None until it was first loaded.
+        Kept while the model is unloaded for being idle."""
+        return self._fim_tokens
+
+    def claim(self, key: str) -> Claim:
+        """A new claim on the supersede ``key``: the requests of its previous claim,
+        queued or running, end ``superseded`` now (``Superseding.claim``)."""
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument("supersede is a non-empty string", param="supersede")
+        return self.superseding.claim(key)
 
     def statistics(self) -> SchedulerStatistics:
         if self._scheduler is None:

@@ -67,6 +67,10 @@ class Scheduler:
         self._running: dict[int, _Job] = {}
         self._queue_peak = 0
         self._closed = False
+        # A request whose belt ended before the engine took it (a supersede, a deadline
+        # of a millisecond) exits inside ``engine.start``, on the starting thread, which
+        # holds the lock: its exit waits in this thread's list until the lock is let go.
+        self._starting = threading.local()
 
     def statistics(self) -> SchedulerStatistics:
         with self._lock:
@@ -89,15 +93,18 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise RuntimeClosed("the model is closed")
-            if self._free:
+            started = bool(self._free)
+            rejected = False
+            if started:
                 self._start_locked(job, self._free.pop())
-                return
-            if len(self._queue) >= self.queue_size:
+            elif len(self._queue) >= self.queue_size:
                 rejected = True
             else:
-                rejected = False
                 self._queue.append(job)
                 self._queue_peak = max(self._queue_peak, len(self._queue))
+        if started:
+            self._exit_deferred()
+            return
         if rejected:
             belt.cancel(EndReason.REJECTED)
             belt.release()
@@ -119,7 +126,24 @@ class Scheduler:
     def _start_locked(self, job: _Job, engine: Engine) -> None:
         self._running[id(job)] = job
         # The engine's loop admits the request; never blocks.
-        engine.start(job.request, job.belt.producer, lambda: self._finished(job, engine))
+        self._starting.inside = True
+        try:
+            engine.start(job.request, job.belt.producer, lambda: self._exit(job, engine))
+        finally:
+            self._starting.inside = False
+
+    def _exit(self, job: _Job, engine: Engine) -> None:
+        if getattr(self._starting, "inside", False):
+            # Under the lock, in ``_start_locked``: handed on once it is let go.
+            self._starting.__dict__.setdefault("exits", []).append((job, engine))
+            return
+        self._finished(job, engine)
+
+    def _exit_deferred(self) -> None:
+        """Hand on the slots of the requests that ended while this thread started them."""
+        exits = getattr(self._starting, "exits", None)
+        while exits:
+            self._finished(*exits.pop())
 
     def _finished(self, job: _Job, engine: Engine) -> None:
         """On the producer thread, after the engine let go: hand the slot on."""
@@ -141,6 +165,7 @@ class Scheduler:
             self._idle.notify_all()
         for skipped in ended:
             skipped.belt.release()
+        self._exit_deferred()
         if idle and self._on_idle is not None:
             self._on_idle()
 

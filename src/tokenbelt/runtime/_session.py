@@ -15,6 +15,7 @@ from ..engines import Engine, GenerationRequest, Message, Tokenizes, sampling_fr
 from ._keepalive import RequestKeepAlive
 from ._stream import Reply, Stream
 from ._structured import Structure, render_messages, structure, tools_json
+from ._supersede import Claim
 from ._surface import EngineCalls
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class ChatCalls(EngineCalls):
     def keep_alive_for_request(self, keep_alive: RequestKeepAlive) -> None:
         raise NotImplementedError
 
+    def claim(self, key: str) -> Claim:
+        raise NotImplementedError
+
     def submit(
         self,
         request: GenerationRequest,
@@ -61,6 +65,7 @@ class ChatCalls(EngineCalls):
         structure: Structure | None = None,
         keep_alive: RequestKeepAlive = "default",
         dropped_messages: int = 0,
+        supersede: str | Claim | None = None,
     ) -> Stream:
         """Queue ``request`` and return its ``Stream`` at once.
 
@@ -68,7 +73,9 @@ class ChatCalls(EngineCalls):
         idle after it (``None``: for ever; ``0``: unloaded then), unless a later request
         brings its own; ``"default"`` is the model's ``keep_alive``. ``dropped_messages``:
         how many of a chat's oldest messages the caller left out so that it fits the
-        context window (its trace says so).
+        context window (its trace says so). ``supersede``: a key (or a ``Claim`` on one,
+        ``claim(key)``, for several requests of one completion): the earlier requests
+        with that key, queued or running, end ``superseded`` before this one queues.
 
         Blocks only while the model is reloaded after an idle unload (by this call or
         another's; waiting at most the request's first-token or total limit, then
@@ -85,9 +92,12 @@ class ChatCalls(EngineCalls):
                 param="model",
             )
         self.keep_alive_for_request(keep_alive)
+        claim = self.claim(supersede) if isinstance(supersede, str) else supersede
 
         def open_stream(_: GenerationRequest, belt: Belt[Any]) -> Stream:
             belt.trace.dropped_messages = dropped_messages
+            if claim is not None:
+                claim.add(belt)
             return Stream(belt, on_complete=on_complete, structure=structure)
 
         return self._queue(

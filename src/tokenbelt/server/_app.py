@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from .. import __version__
 from ..runtime import Runtime
-from . import _openapi, anthropic, ollama, openai, responses
+from . import _openapi, anthropic, llamacpp, ollama, openai, responses
 from .core import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
@@ -133,6 +133,7 @@ def create_app(
     app.include_router(responses.router)
     app.include_router(ollama.router)
     app.include_router(anthropic.router)
+    app.include_router(llamacpp.router)
     _openapi.install(app)
     _build_routes(app)
     return app

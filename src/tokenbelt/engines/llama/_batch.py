@@ -60,6 +60,7 @@ from typing import Any
 from ...belt import DeadlineTimer, EndReason, Producer
 from .._base import OnExit, check_can_start, run_to_end
 from .._embedding import EmbeddingInfo, EmbeddingRequest
+from .._infill import Infill, InfillPrompt
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics
 from ._binding import flag_abort_callback, quiet_native_logs
@@ -203,6 +204,8 @@ class BatchEngine:
         self.tool_format = self._prompts.tool_format
         #: a thinking model's reasoning markers (None: it has none, or ``reasoning=False``)
         self.reasoning = self._prompts.reasoning
+        #: the FIM tokens its vocabulary has (``FillsMiddle``)
+        self.fim_tokens = self._prompts.fim_tokens
         store: PrefixStore | None = None
         if config.prefix_cache_dir is not None and config.prefix_cache_disk and config.prefix_cache:
             try:
@@ -323,6 +326,10 @@ class BatchEngine:
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""
         return self._prompts.tokenize(request)
+
+    def infill_prompt(self, infill: Infill, max_tokens: int) -> InfillPrompt:
+        """The fill-in-the-middle prompt of ``infill`` (``FillsMiddle``)."""
+        return self._prompts.infill(infill, max_tokens)
 
     def count_prompt_tokens(self, request: GenerationRequest | EmbeddingRequest) -> int:
         """Tokenize on the caller's thread and keep the tokens for the loop's admission,

@@ -12,7 +12,9 @@ import threading
 from typing import Any
 
 from ..._errors import InvalidArgument, PromptTooLong
+from .._infill import Infill, InfillPrompt
 from .._request import GenerationRequest
+from ._fim import infill_prompt, read_fim_tokens
 from ._native import chat_formatter, prompt_tokens, template_tools, tool_format
 from ._plan import common_prefix
 from ._reasoning import ReasoningFormat, detect_reasoning, template_options
@@ -127,6 +129,21 @@ class Prompts:
                 if len(ids) == 1:
                     self.markers[int(ids[0])] = marker
         self._kept = KeptPrompts()
+        #: the FIM tokens the vocabulary has (``FIM_TOKENS`` names -> ids)
+        self.fim_tokens = read_fim_tokens(lib, self._vocab)
+
+    def infill(self, infill: Infill, max_tokens: int) -> InfillPrompt:
+        """The fill-in-the-middle prompt of ``infill`` (``_fim.py``); raises
+        ``InvalidArgument`` when the vocabulary lacks a needed FIM token."""
+        return infill_prompt(
+            self._lib,
+            self._model,
+            self.fim_tokens,
+            infill,
+            name=self._name,
+            context_length=self._context_length,
+            max_tokens=max_tokens,
+        )
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request (chat template from the GGUF metadata)."""

@@ -50,6 +50,7 @@ from ..._errors import (
 from ...belt import EndReason, Producer, check_duration
 from .._base import OnExit, run_to_end
 from .._embedding import EmbeddingInfo, EmbeddingRequest
+from .._infill import Infill, InfillPrompt
 from .._request import GenerationRequest
 from .._statistics import BatchStatistics, WorkerState, WorkerStatistics
 from ..llama import LlamaConfig, check_gguf_file, check_inputs, check_pooling
@@ -130,6 +131,8 @@ class WorkerEngine:
         self.tool_format = self._prompts.tool_format
         #: a thinking model's reasoning markers (as the worker's ``BatchEngine`` has them)
         self.reasoning = self._prompts.reasoning
+        #: the FIM tokens its vocabulary has (``FillsMiddle``)
+        self.fim_tokens = self._prompts.fim_tokens
         crash_point = os.environ.get(ABORT_ENV) or None
         try:
             first = self._spawn(crash_point)
@@ -176,6 +179,10 @@ class WorkerEngine:
     def tokenize_request(self, request: GenerationRequest) -> list[int]:
         """The prompt tokens for a request, as the worker's engine makes them."""
         return self._prompts.tokenize(request)
+
+    def infill_prompt(self, infill: Infill, max_tokens: int) -> InfillPrompt:
+        """The fill-in-the-middle prompt of ``infill`` (``FillsMiddle``)."""
+        return self._prompts.infill(infill, max_tokens)
 
     def count_prompt_tokens(self, request: GenerationRequest | EmbeddingRequest) -> int:
         """Check and tokenize in this process (vocabulary only), so a bad request never

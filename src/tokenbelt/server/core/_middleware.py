@@ -303,7 +303,8 @@ class RequestIdMiddleware:
     The caller's own id (``x-request-id``) is used when ``claim`` accepts it (well-formed
     and new), else a new one; either way the request goes on carrying that id, so a
     generation's trace, a refusal (429, 401, 413...) and the answer all name the same id.
-    An answer that sets its own ``x-request-id`` keeps it.
+    An answer that sets its own ``x-request-id`` keeps it. An ``X-Tokenbelt-Supersede``
+    header is the request's supersede key (``SUPERSEDE``) on every API.
     """
 
     def __init__(self, app: ASGIApp, claim: Callable[[str | None], str | None]) -> None:
@@ -327,11 +328,22 @@ class RequestIdMiddleware:
                 message = {**message, "headers": out}
             await send(message)
 
+        key = dict(scope.get("headers", ())).get(b"x-tokenbelt-supersede")
+        supersede = key.decode("latin-1").strip() if key else None
         token = REQUEST_ID.set(request_id)
+        keyed = SUPERSEDE.set(supersede or None)
         try:
             await self.app({**scope, "headers": headers}, receive, with_id)
         finally:
+            SUPERSEDE.reset(keyed)
             REQUEST_ID.reset(token)
+
+
+#: the supersede key of the request being served, from its ``X-Tokenbelt-Supersede``
+#: header (set by ``RequestIdMiddleware``; None: no header)
+SUPERSEDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tokenbelt_supersede", default=None
+)
 
 
 class RefusalMiddleware:

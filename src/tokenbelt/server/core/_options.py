@@ -86,3 +86,11 @@ class TokenbeltOptions(BaseModel):
         "--draft): lookup verifies tokens taken from the request's own earlier text in one "
         "step and stops where it does not pay; the text is the same either way",
     )
+    supersede: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="a supersede key (an editor's buffer, say): a newer request with the "
+        "same key (and the same API key) ends this one, queued or running, with the end "
+        "reason superseded (also the X-Tokenbelt-Supersede header)",
+    )

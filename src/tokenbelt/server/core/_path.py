@@ -22,10 +22,10 @@ from starlette.types import Receive, Scope, Send
 from ..._errors import RuntimeClosed
 from ...belt import EndReason, new_request_id
 from ...engines import GenerationRequest
-from ...runtime import EmbeddingStream, Model, ModelState, Stream
+from ...runtime import Claim, EmbeddingStream, Model, ModelState, Stream
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._fit import Fit, fit_messages
-from ._middleware import CALLER, REQUEST_ID
+from ._middleware import CALLER, REQUEST_ID, SUPERSEDE
 from ._options import TokenbeltOptions
 from ._responses import (
     SSE_KEEPALIVE,
@@ -198,6 +198,7 @@ class RequestPath:
         request_id: str | None = None,
         keep_alive: float | Literal["default"] | None = "default",
         fit: Fit | None = None,
+        supersede: str | Claim | None = None,
     ) -> Submitted:
         """Queue ``request`` with the deadlines and capacity of ``options``.
 
@@ -207,6 +208,8 @@ class RequestPath:
         ``keep_alive`` is this request's own (``Model.submit``); it changes no default.
         ``fit``: a chat's oldest turns are left out until its prompt fits the window
         with room for the reply (``fit_messages``; the trace counts them).
+        ``supersede``: the route's own key or claim (``/infill``'s ``id_slot``), used when
+        neither ``options.supersede`` nor the ``X-Tokenbelt-Supersede`` header gives one.
         """
         if self.state.shutting_down:
             raise RuntimeClosed("the server is shutting down")
@@ -220,6 +223,7 @@ class RequestPath:
             request = dataclasses.replace(request, draft=options.draft)
         reloading = model.state is not ModelState.READY
         started = time.monotonic()
+        claim = self.claim(model, options, supersede)
 
         def queue(request: GenerationRequest, **how: Any) -> Stream:
             # Fitted and queued on one worker thread: both tokenize, neither on the loop.
@@ -237,6 +241,7 @@ class RequestPath:
                     capacity=self.state.capacity_for(options),
                     request_id=request_id,
                     keep_alive=keep_alive,
+                    supersede=claim,
                 )
             )
         except BaseException:
@@ -246,6 +251,22 @@ class RequestPath:
         load_s = float(model.info.get("load_s", 0.0)) if reloading else 0.0
         self.state.track(stream)
         return Submitted(stream, min(load_s, time.monotonic() - started))
+
+    @staticmethod
+    def claim(
+        model: Model, options: TokenbeltOptions | None, default: str | Claim | None = None
+    ) -> Claim | None:
+        """The supersede claim of a request: on ``tokenbelt.supersede``, else the
+        ``X-Tokenbelt-Supersede`` header, else ``default`` (a route's own key); a key is
+        the caller's own (two API keys never supersede each other). Claiming ends the
+        key's earlier requests at once, before this one is even tokenized."""
+        if isinstance(default, Claim):
+            return default
+        key = (options.supersede if options is not None else None) or SUPERSEDE.get() or default
+        if key is None:
+            return None
+        caller = CALLER.get()
+        return model.claim(f"{caller.identity}:{key}" if caller is not None else key)
 
     def streaming(
         self,

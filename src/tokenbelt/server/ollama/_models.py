@@ -187,7 +187,9 @@ def _show(state: ServerState, name: str) -> dict[str, Any]:
         # a remote or scripted engine constrains nothing, so it is not said to.
         "capabilities": (["completion", "tools"] if found.path else ["completion"])
         # a loaded thinking model (its template writes <think>): ``think`` applies
-        + (["thinking"] if model is not None and model.thinks else []),
+        + (["thinking"] if model is not None and model.thinks else [])
+        # a loaded model whose vocabulary has FIM tokens: ``suffix`` (and /infill) apply
+        + (["insert"] if model is not None and model.fills_middle else []),
         "modified_at": found.modified_at,
         "tokenbelt": {
             "loaded": model is not None,

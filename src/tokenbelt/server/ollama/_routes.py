@@ -24,7 +24,7 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
 from ...belt import EndReason
-from ...engines import GenerationRequest, Message, Piece
+from ...engines import GenerationRequest, Infill, Message, Piece
 from ...runtime import Model, Stream, sampling_from
 from ..core import (
     Calls,
@@ -282,7 +282,14 @@ async def generate(body: GenerateRequest, path: Serving) -> Response:
     if not body.prompt:
         return await _load_or_unload(model, body, chat=False)
     sampling = sampling_from(body.sampling(model.context_length))
-    if body.raw:
+    if body.suffix is not None:
+        # Fill in the middle (even with an empty suffix: the end of a file), from the
+        # model's own FIM tokens; a model without them is a 400 naming what it lacks.
+        if body.grammar() is not None:
+            raise UnsupportedParameter("format", "with a suffix (a fill-in-the-middle prompt)")
+        infill = Infill(prefix=body.prompt, suffix=body.suffix)
+        request, _ = await anyio.to_thread.run_sync(model.infill_request, infill, sampling)
+    elif body.raw:
         request = GenerationRequest(prompt=body.prompt, sampling=sampling, grammar=body.grammar())
     else:
         messages: list[Message] = []

@@ -354,6 +354,7 @@ class GenerateRequest(_Generation):
     prompt: str = ""
     system: str | None = None
     raw: bool = False
+    #: fill in the middle: the text after the completion (the prompt is the text before)
     suffix: str | None = None
     template: str | None = None
     context: list[int] | None = None
@@ -365,8 +366,8 @@ class GenerateRequest(_Generation):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.suffix:
-            raise UnsupportedParameter("suffix", "tokenbelt has no fill-in-the-middle mode")
+        if self.suffix is not None and self.system:
+            raise UnsupportedParameter("system", "with a suffix (a fill-in-the-middle prompt)")
         if self.template:
             raise UnsupportedParameter("template", "the model's own chat template is used")
         if self.context:

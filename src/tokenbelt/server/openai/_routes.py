@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any, cast
 
 import anyio
@@ -20,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..._errors import InvalidArgument
 from ...belt import EndReason
-from ...engines import GenerationRequest, Piece, SamplingParams
-from ...runtime import Model, ModelState, Stream, sampling_from
+from ...engines import GenerationRequest, Infill, Piece, SamplingParams
+from ...runtime import Claim, Model, ModelState, Stream, sampling_from
 from ..core import (
     RELEASE_WAIT_S,
     RequestPath,
@@ -112,6 +113,8 @@ def _served_entry(state: ServerState, name: str) -> dict[str, Any]:
         load=public(status.to_dict()) if status else None,
         context_length=model.context_length if model else None,
         slots=model.status().slots if model else None,
+        # suffix on /v1/completions, /infill: known once the model was loaded
+        fill_in_the_middle=model.fills_middle if model else None,
         info=public(model.info) if model else {},
     )
 
@@ -181,8 +184,10 @@ async def _submit(
     body: _Sampling,
     requests: list[GenerationRequest],
     request_id: str | None,
+    supersede: Claim | None = None,
 ) -> list[Choice]:
-    """One request per choice (``n``); a refusal of any of them ends them all."""
+    """One request per choice (``n``); a refusal of any of them ends them all. With a
+    ``supersede`` claim, every choice is held by it (a newer request ends them all)."""
     choices: list[Choice] = []
     try:
         for i, request in enumerate(requests):
@@ -192,6 +197,7 @@ async def _submit(
                 body.tokenbelt,
                 api=API,
                 request_id=request_id if not i else None,
+                supersede=supersede,
             )
             choices.append(Choice(i, submitted.stream))
     except BaseException:
@@ -486,6 +492,8 @@ async def completions(
     prompt = _prompt(body)
     if body.echo and not isinstance(prompt, str):
         raise UnsupportedParameter("echo", "with a prompt of token ids (text prompts only)")
+    if body.suffix is not None:
+        return await _fill_middle(body, path, model, prompt, x_request_id)
     text, tokens = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     requests = [
         GenerationRequest(
@@ -500,6 +508,39 @@ async def completions(
     choices = await _submit(path, model, body, requests, x_request_id)
     echo = text if body.echo else None
     return _respond(path, choices, body, model, chat=False, echo=echo, prompt_ids=prompt_ids)
+
+
+async def _fill_middle(
+    body: CompletionRequest,
+    path: RequestPath,
+    model: Model,
+    prompt: str | tuple[int, ...],
+    request_id: str | None,
+) -> Response:
+    """``suffix`` given: the prompt is the text before the cursor, the suffix the text
+    after it, and the completion is the middle, from the model's own FIM tokens."""
+    if not isinstance(prompt, str):
+        raise UnsupportedParameter("suffix", "with a prompt of token ids (text prompts only)")
+    if body.echo:
+        raise UnsupportedParameter("echo", "with a suffix (the middle comes alone)")
+    # Claimed before the prompt is made: the stale completions end now.
+    claim = path.claim(model, body.tokenbelt)
+    infill = Infill(prefix=prompt, suffix=body.suffix or "")
+    made = [
+        await anyio.to_thread.run_sync(
+            partial(
+                model.infill_request,
+                infill,
+                _sampling_for(body, i),
+                reuse_prefix=body.cache_prompt,
+            )
+        )
+        for i in range(body.n)
+    ]
+    requests = [request for request, _ in made]
+    prompt_ids = list(made[0][1].tokens) if body.return_token_ids else None
+    choices = await _submit(path, model, body, requests, request_id, claim)
+    return _respond(path, choices, body, model, chat=False, prompt_ids=prompt_ids)
 
 
 router.include_router(_embeddings.router)

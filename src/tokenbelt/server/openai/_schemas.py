@@ -209,6 +209,11 @@ class CompletionRequest(_Sampling):
         None, ge=0, le=5, description="log-probabilities of each token and its N likeliest"
     )
     echo: bool = Field(False, description="put the prompt before the completion")
+    suffix: str | None = Field(
+        None,
+        description="fill in the middle: the text after the completion (the prompt is the "
+        "text before it), for a model whose vocabulary has FIM tokens",
+    )
 
     def sampling(self) -> dict[str, object]:
         return {
