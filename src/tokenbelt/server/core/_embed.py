@@ -71,9 +71,31 @@ def answer_embedding(
 ) -> Response:
     """The answer once every vector is in and the engine let go (raced against the
     client's disconnect, which stops the request ``client_disconnect``)."""
+    return answer_job(
+        stream,
+        lambda done: VectorResponse(render(done)),
+        shape=shape,
+        failed="embedding failed",
+        ended="the request ended with",
+    )
+
+
+def answer_job(
+    stream: S,
+    respond: Callable[[Any], Response],
+    *,
+    shape: ErrorShape,
+    failed: str,
+    ended: str,
+) -> Response:
+    """The answer to an embedding, rerank or transcription request once its result is
+    in and the engine let go (raced against the client's disconnect, which stops the
+    request ``client_disconnect``): ``respond(result)`` with the request id and trace
+    headers, else the end's error (``failed``: the words before an engine's error;
+    ``ended``: before an end reason)."""
     head = {"x-request-id": stream.request_id}
 
-    def failed(status: int, message: str, type_: str, code: str, retry: bool) -> Response:
+    def fail(status: int, message: str, type_: str, code: str, retry: bool) -> Response:
         return end_failure(stream, head, status, message, type_, code, retry=retry, shape=shape)
 
     async def compute() -> Any:
@@ -84,18 +106,20 @@ def answer_embedding(
         except Exception as exc:
             await stream.await_released(RELEASE_WAIT_S)
             status, type_, code = failure(exc)
-            return failed(status, f"embedding failed: {exc}", type_, code, True)
+            return fail(status, f"{failed}: {exc}", type_, code, True)
         await stream.await_released(RELEASE_WAIT_S)
         head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
         if done is None:
             reason = stream.end_reason or EndReason.RUNTIME_ERROR
-            message = f"the request ended with {reason.value}"
+            message = f"{ended} {reason.value}"
             if reason.is_timeout:
-                return failed(504, message, "timeout", reason.value, False)
+                return fail(504, message, "timeout", reason.value, False)
             if reason is EndReason.SHUTDOWN:
-                return failed(503, message, "service_unavailable", "shutdown", False)
-            return failed(409, message, "cancelled", reason.value, False)
-        return VectorResponse(render(done), headers=head)
+                return fail(503, message, "service_unavailable", "shutdown", False)
+            return fail(409, message, "cancelled", reason.value, False)
+        response = respond(done)
+        response.headers.update(head)
+        return response
 
     return Asgi(DeferredResponse(partial(stream.cancel, EndReason.CLIENT_DISCONNECT), compute))
 

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from ..._errors import RuntimeClosed
 from ...belt import EndReason, new_request_id
 from ...engines import GenerationRequest
-from ...runtime import Claim, EmbeddingStream, Model, ModelState, Stream
+from ...runtime import Claim, EmbeddingStream, Model, ModelState, Stream, TranscriptionStream
 from ._errors import NO_RETRY, ErrorShape, compact_json, error_response, failure
 from ._fit import Fit, fit_messages
 from ._middleware import CALLER, REQUEST_ID, SUPERSEDE
@@ -55,7 +55,11 @@ class Asgi(Response):
         await self.app(scope, receive, send)
 
 
-def tokenbelt_final(stream: Stream | EmbeddingStream) -> dict[str, Any]:
+#: a request of any kind, once it ended: its end reason and trace are what is read
+Ended = Stream | EmbeddingStream | TranscriptionStream
+
+
+def tokenbelt_final(stream: Ended) -> dict[str, Any]:
     """The ``tokenbelt`` object of a finished request: its exact end reason and trace,
     and for a thinking model the phase it ended in (``ended_in``; ``answer_started``
     false, with a ``note``, when its end came before any answer)."""
@@ -79,7 +83,7 @@ def tokenbelt_final(stream: Stream | EmbeddingStream) -> dict[str, Any]:
 
 
 def end_failure(
-    ended: Stream | EmbeddingStream,
+    ended: Ended,
     head: dict[str, str],
     status: int,
     message: str,

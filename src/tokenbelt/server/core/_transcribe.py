@@ -17,19 +17,16 @@ request, not even a crash) and closed before the request queues.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from functools import partial
-from typing import Any
 
 from starlette.responses import Response
 
-from ..._errors import Cancelled, InvalidArgument
-from ...belt import EndReason
+from ..._errors import InvalidArgument
 from ...runtime import Model, Transcription, TranscriptionStream
-from ._embed import submit_embedding
-from ._errors import ErrorShape, compact_json, failure
+from ._embed import answer_job, submit_embedding
+from ._errors import ErrorShape
 from ._options import TokenbeltOptions
-from ._path import RELEASE_WAIT_S, Asgi, RequestPath, end_failure
-from ._responses import DeferredResponse, EventStreamResponse, disconnect, reader_gone
+from ._path import Asgi, RequestPath
+from ._responses import EventStreamResponse, disconnect, reader_gone
 
 #: names OpenAI's clients send for a transcription model: they get the served speech model
 OPENAI_SPEECH_NAMES = frozenset(
@@ -70,18 +67,6 @@ async def submit_transcription(
     return await submit_embedding(path, model, make, options, api=api)
 
 
-def _failed_end(stream: TranscriptionStream, head: dict[str, str], shape: ErrorShape) -> Response:
-    reason = stream.end_reason or EndReason.RUNTIME_ERROR
-    message = f"the transcription ended with {reason.value}"
-    if reason.is_timeout:
-        status, type_ = 504, "timeout"
-    elif reason is EndReason.SHUTDOWN:
-        status, type_ = 503, "service_unavailable"
-    else:
-        status, type_ = 409, "cancelled"
-    return end_failure(stream, head, status, message, type_, reason.value, retry=False, shape=shape)  # type: ignore[arg-type]
-
-
 def answer_transcription(
     stream: TranscriptionStream,
     render: Callable[[Transcription], Response],
@@ -90,35 +75,13 @@ def answer_transcription(
 ) -> Response:
     """The answer once the whole transcript is in and the worker let go (raced against
     the client's disconnect, which stops the request ``client_disconnect``)."""
-    head = {"x-request-id": stream.request_id}
-
-    async def compute() -> Any:
-        try:
-            done = await stream.aread()
-        except Cancelled:
-            done = None
-        except Exception as exc:
-            await stream.await_released(RELEASE_WAIT_S)
-            status, type_, code = failure(exc)
-            return end_failure(
-                stream,  # type: ignore[arg-type]
-                head,
-                status,
-                f"transcription failed: {exc}",
-                type_,
-                code,
-                retry=True,
-                shape=shape,
-            )
-        await stream.await_released(RELEASE_WAIT_S)
-        head["x-tokenbelt-trace"] = compact_json(stream.trace.to_dict())
-        if done is None:
-            return _failed_end(stream, head, shape)
-        response = render(done)
-        response.headers.update(head)
-        return response
-
-    return Asgi(DeferredResponse(partial(stream.cancel, EndReason.CLIENT_DISCONNECT), compute))
+    return answer_job(
+        stream,
+        render,
+        shape=shape,
+        failed="transcription failed",
+        ended="the transcription ended with",
+    )
 
 
 def stream_transcription(

@@ -219,7 +219,7 @@ def _render(form: _Form, task: str, stream: TranscriptionStream) -> Any:
                 body["words"] = [
                     {"word": w.word.strip(), "start": w.start, "end": w.end} for w in done.words
                 ]
-        body["tokenbelt"] = tokenbelt_final(stream)  # type: ignore[arg-type]
+        body["tokenbelt"] = tokenbelt_final(stream)
         return JSONResponse(body)
 
     return render
@@ -233,7 +233,7 @@ async def _events(stream: TranscriptionStream) -> AsyncIterator[object]:
         first = False
         yield {"type": "transcript.text.delta", "delta": text}
     await stream.await_released(RELEASE_WAIT_S)
-    final = tokenbelt_final(stream)  # type: ignore[arg-type]
+    final = tokenbelt_final(stream)
     if stream.end_reason is EndReason.STOP:
         text = "".join(s.text for s in stream.segments).strip()
         usage = {"type": "duration", "seconds": round(stream.duration, 3)}
