@@ -39,7 +39,7 @@ from ._native import (
     tool_format,
 )
 from ._persist import DEFAULT_PREFIX_CACHE_DISK, check_disk_budget
-from ._prompts import KeptPrompts, Prompts, check_fits
+from ._prompts import KeptPrompts, Prompts, check_fits, more_room
 from ._reasoning import ReasoningFormat, detect_reasoning, template_options
 from ._sampling import check_request
 from ._single import LlamaEngine
@@ -93,6 +93,7 @@ __all__ = [
     "load_vocab",
     "load_with_deadline",
     "model_params",
+    "more_room",
     "pair_tokens",
     "parameter_size",
     "prompt_tokens",

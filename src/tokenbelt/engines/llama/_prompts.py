@@ -34,21 +34,26 @@ def check_fits(n: int, context_length: int, trained: int | None = None) -> None:
     if n + 1 > context_length:
         raise PromptTooLong(
             f"the prompt has {n} tokens but each sequence holds {context_length} "
-            f"(including at least one generated token): {_more_room(n, context_length, trained)}"
+            f"(including at least one generated token): {more_room(n, context_length, trained)}"
         )
 
 
-def _more_room(n: int, context_length: int, trained: int | None) -> str:
-    if trained and context_length < trained:
+def more_room(n: int, context_length: int, trained: int | None) -> str:
+    """What gives a prompt of ``n`` tokens room past a context of ``context_length``: the
+    setting and, where the model says it, the length it was trained on (every "does not
+    fit" message ends with it, the engine's and a chat fitted to a window alike)."""
+    if not trained:
+        return "load it with a larger context (tokenbelt serve --n-ctx, n_ctx=...)"
+    if context_length < trained:
         return (
             f"the model was trained on {trained} tokens; load it with a larger context "
             "(tokenbelt serve --n-ctx, n_ctx=...) up to that"
             + (", or past it with --force-n-ctx" if n + 1 > trained else "")
         )
-    said = f"the {trained} tokens the model was trained on" if trained else "its context"
     return (
-        f"this is {said}; a larger --n-ctx (n_ctx=...) needs --force-n-ctx "
-        "(force_n_ctx=True), and past the trained length replies degrade"
+        f"this is the {trained} tokens the model was trained on; a larger --n-ctx "
+        "(n_ctx=...) needs --force-n-ctx (force_n_ctx=True), and past the trained length "
+        "replies degrade"
     )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..._errors import InvalidArgument, PromptTooLong
-from ...engines import GenerationRequest
+from ...engines import GenerationRequest, more_room
 from ...runtime import Model
 from ._errors import UnsupportedParameter
 
@@ -125,16 +125,7 @@ def fit_messages(
             return without(start), start - head
     least = tokens(last)
     said = f"{least} prompt tokens, more" if least is not None else "more prompt tokens"
-    trained = model.info.get("context_length")
-    larger = (
-        f"the model was trained on {trained} tokens: load it with a larger context "
-        "(tokenbelt serve --n-ctx) up to that, or past it with --force-n-ctx"
-        if trained and trained > window
-        else f"this is the {trained} tokens the model was trained on: past them, "
-        "--n-ctx needs --force-n-ctx"
-        if trained
-        else "load it with a larger context (tokenbelt serve --n-ctx)"
-    )
+    larger = more_room(least or whole, window, model.info.get("context_length"))
     raise PromptTooLong(
         f"the latest message{' with the system messages' if head else ''}"
         f"{' and the tools' if request.tools else ''} takes {said} than a context window "
