@@ -198,3 +198,22 @@ def test_unknown_routes_and_methods_are_openai_errors(served: Served) -> None:
     assert "DELETE" in wrong.json()["error"]["message"]
     assert "POST" in wrong.headers["allow"]
     assert_still_serving(served)
+
+
+def test_a_transcription_where_no_speech_model_is_served_is_a_400_saying_how(
+    served: Served,
+) -> None:
+    """The audio route on a chat-only server: one clear line naming ``model`` and the
+    command that serves a speech model beside the chat one (it was a 500 where the
+    multipart parser was not installed)."""
+    answer = plainhttp.post(
+        f"{served.url}/v1/audio/transcriptions",
+        files={"file": ("a.wav", b"RIFF\x00\x00\x00\x00WAVE", "audio/wav")},
+        data={"model": "whisper-1"},
+        timeout=30,
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "model"
+    assert "no speech model is served here" in error["message"]
+    assert "tokenbelt serve smollm2-135m whisper-tiny-en" in error["message"]

@@ -47,7 +47,7 @@ def speech_model_for(path: RequestPath, name: str) -> Model:
             return speech[0]
         raise InvalidArgument(
             "no speech model is served here; start the server with one "
-            "(tokenbelt serve --model whisper-tiny-en)",
+            "beside the chat model (tokenbelt serve smollm2-135m whisper-tiny-en)",
             param="model",
         )
     return path.state.model_for(name)
