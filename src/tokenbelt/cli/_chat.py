@@ -31,7 +31,7 @@ from ..runtime import DEFAULT_ALIAS
 from ._chat_backend import RELEASE_WAIT_S, Backend, Turn, TurnError, TurnSummary
 from ._chat_local import LocalBackend, load_local
 from ._chat_remote import RemoteBackend
-from ._chat_signals import Terminated, on_terminate
+from ._chat_signals import PromptInterrupts, Terminated, on_terminate
 from ._common import (
     Parser,
     add_isolation_options,
@@ -121,12 +121,15 @@ def _command(backend: Backend, console: Console, command: Command) -> bool:
     return True
 
 
-def chat_loop(backend: Backend, console: Console, max_tokens: int) -> int:
+def chat_loop(
+    backend: Backend, console: Console, max_tokens: int, interrupts: PromptInterrupts
+) -> int:
     """Read a line, stream the reply, print its figures; until /exit, Ctrl-D or Ctrl-C."""
     keys = QuietKeys()
     while True:
         try:
-            line = input(PROMPT)
+            with interrupts.prompting():
+                line = input(PROMPT)
         except (EOFError, KeyboardInterrupt):
             console.out("")
             return 0
@@ -252,9 +255,10 @@ def main(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, on_terminate(backend))
     # Ctrl-C is the chat's Stop key: started with SIGINT ignored (as a shell without job
     # control starts a background command), the chat still takes it.
-    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts = PromptInterrupts()
+    interrupts.install()
     try:
-        return chat_loop(backend, console, args.max_tokens)
+        return chat_loop(backend, console, args.max_tokens, interrupts)
     except Terminated:
         console.out("")
         last = backend.last if isinstance(backend, LocalBackend) else None
@@ -266,4 +270,4 @@ def main(args: argparse.Namespace) -> int:
     finally:
         backend.close()
         signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, interrupt)
+        interrupts.close()
