@@ -117,7 +117,9 @@ def prompt_tokens(
     name: str,
     options: dict[str, Any] | None = None,
 ) -> list[int]:
-    """A request's prompt tokens: a raw prompt as is (its token ids as given), chat
+    """A request's prompt tokens: a raw prompt as is, its special tokens' text read as
+    those tokens as llama.cpp's server, Ollama (``raw``) and vLLM read it (editors such as
+    Zed write a FIM prompt's markers as text); its token ids as given; chat
     messages through ``formatter`` (the GGUF's template), with the request's tools when
     the template renders them and ``options`` (template variables: a thinking model's
     ``enable_thinking``).
@@ -127,7 +129,7 @@ def prompt_tokens(
         return list(model.tokenize(text.encode("utf-8"), add_bos, special))
 
     if request.prompt is not None:
-        return tokenize(request.prompt, add_bos=True, special=False)
+        return tokenize(request.prompt, add_bos=True, special=True)
     if request.prompt_tokens is not None:
         n_vocab = int(model.n_vocab())
         for token in request.prompt_tokens:
