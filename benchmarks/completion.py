@@ -16,9 +16,9 @@ At each pause (the keystroke whose completion the user reads) it reports the gho
 latency, keystroke to first token and to the completion's end, p50/p95; beside them the
 same completions asked for alone on an idle server, nothing typed before them (``alone``).
 From tokenbelt's traces (``/v1/requests``): the tokens computed for requests that went
-stale (prompt tokens computed and tokens generated), the generated tokens past their stop
-(after ``cancel_requested``, estimated from the decode rate), and the prefix-cache hits
-per request.
+stale (prompt tokens computed and tokens generated), the tokens computed past their stop
+(the trace's ``tokens_after_stop``: prompt tokens read and tokens generated after
+``cancel_requested``), and the prefix-cache hits per request.
 
 With ``--llama-server PATH`` (built by ``benchmarks/build_llama_server.sh``) the same
 replay runs against llama.cpp's own server too (same model file, threads and slots;
@@ -186,13 +186,7 @@ def traced(url: str, seen: list[Seen]) -> dict[str, Any]:
         t for t in listed.get("requests", listed.get("data", [])) if t.get("request_id") in ids
     ]
     stale = [t for t in traces if t["end_reason"] in ("superseded", "client_disconnect")]
-    after = []
-    for t in stale:
-        line = t["timeline_ms"]
-        rate = t.get("decode_tok_s") or 0.0
-        if line.get("last_token") is not None and line.get("cancel_requested") is not None:
-            late_ms = max(0.0, line["last_token"] - line["cancel_requested"])
-            after.append(late_ms * rate / 1000)
+    after = [t["tokens_after_stop"] for t in stale]
     return {
         "requests": len(traces),
         "stale_requests": len(stale),

@@ -338,3 +338,37 @@ def test_end_reasons() -> None:
     # A reader that took nothing left, as a disconnect does: not a deadline.
     assert EndReason.READER_TIMEOUT.openai_finish_reason == "stop"
     assert json.dumps(EndReason.STOP) == '"stop"'
+
+
+def test_tokens_after_stop_are_those_read_and_generated_after_the_stop() -> None:
+    """A step in flight at the stop ends after it: its prompt chunk and any token it
+    yields were computed for a request nobody waits for."""
+    belt: Belt[str] = Belt(4)
+    trace = belt.trace
+    trace.prompt_tokens = 300
+    trace.cached_tokens = trace.prompt_read = 40  # the prefix cache's, not computed
+    trace.prompt_read = 168
+    assert trace.tokens_after_stop == 0  # no stop yet
+    assert belt.cancel(EndReason.SUPERSEDED)
+    trace.prompt_read = 296  # the chunk in flight
+    trace.completion_tokens += 1
+    assert trace.tokens_after_stop == 128 + 1
+    assert trace.to_dict()["tokens_after_stop"] == 129
+
+
+def test_cells_the_prefix_cache_gives_after_a_stop_are_not_computed() -> None:
+    belt: Belt[str] = Belt(4)
+    belt.cancel(EndReason.CLIENT_DISCONNECT)  # before the engine looked at the prompt
+    belt.trace.cached_tokens = belt.trace.prompt_read = 90
+    assert belt.trace.tokens_after_stop == 0
+    belt.trace.prompt_read = 100
+    assert belt.trace.tokens_after_stop == 10
+
+
+def test_a_natural_end_has_no_tokens_after_a_stop() -> None:
+    belt: Belt[str] = Belt(4)
+    belt.trace.prompt_read = 5
+    belt.finish(EndReason.LENGTH)
+    belt.trace.completion_tokens = 3
+    assert belt.trace.tokens_after_stop == 0
+    assert belt.trace.to_dict()["infill"] is False

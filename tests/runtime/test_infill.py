@@ -66,6 +66,7 @@ def test_streamed_and_async(fim: Model) -> None:
 
 
 def test_a_newer_request_with_the_key_ends_the_running_and_the_queued(fim: Model) -> None:
+    before = fim.status().completions
     running = fim.stream_middle("a = ", "", supersede="buffer-1", **LONG)
     reading = iter(running)  # kept: a dropped reader would stop it (user_cancel)
     next(reading)  # it runs: its first token came
@@ -88,6 +89,16 @@ def test_a_newer_request_with_the_key_ends_the_running_and_the_queued(fim: Model
         s.read()
         assert s.end_reason in (EndReason.STOP, EndReason.LENGTH)
     assert fim.superseding.superseded == 2
+    # The model's completion statistics count them (at each release).
+    ended = (running, queued, stale, latest, newest)
+    assert all(s.wait_released(30) and s.trace.infill for s in ended)
+    now = fim.status().completions
+    assert now.completions - before.completions == 5
+    assert now.superseded - before.superseded == 2
+    after_stop = running.trace.tokens_after_stop + stale.trace.tokens_after_stop
+    assert now.stale_tokens - before.stale_tokens == after_stop
+    assert stale.trace.tokens_after_stop == 0  # it never ran
+    assert now.first_token_p50 is not None
 
 
 def test_a_model_without_fim_tokens_says_what_it_lacks(plain: Model) -> None:

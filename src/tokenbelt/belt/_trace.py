@@ -132,6 +132,12 @@ class Trace:
         self.inputs = 0
         #: the seconds of audio a transcription holds (0 for any other kind)
         self.audio_seconds = 0.0
+        #: a code completion: its prompt is a fill-in-the-middle one (``Infill``)
+        self.infill = False
+        # What the engine had read and generated when the stop came: what it computes
+        # after that is ``tokens_after_stop`` (None: no stop).
+        self._read_at_stop: int | None = None
+        self._made_at_stop = 0
         self._observers: list[Observer] = list(observers)
         self._lock = threading.Lock()
         # Events wait here in the order their facts were recorded; ``flush`` delivers them.
@@ -245,6 +251,7 @@ class Trace:
                 return False
             if cancel_at is not None and self.cancel_requested is None:
                 self.cancel_requested = cancel_at
+                self._note_stop_locked()
                 self._record_locked("cancel_requested", cancel_at)
                 watch = self.released is None
             self.end_reason = reason
@@ -255,9 +262,19 @@ class Trace:
             _WATCH.watch(self)
         return True
 
+    def _note_stop_locked(self) -> None:
+        """Hold what the engine had read and generated at the stop (under ``_lock``).
+        The counters are the engine's (a step in flight updates them after it ends):
+        whatever they gain from here on was computed for a request already stopped."""
+        self._read_at_stop = self.prompt_read
+        self._made_at_stop = self.completion_tokens
+
     def mark_cancel_requested(self, at: float | None = None) -> None:
         """Record a stop; if the release has not come ``release_lag_threshold`` seconds
         later, the ``release_lag`` alert fires then, not only when (if ever) it comes."""
+        with self._lock:
+            if self.cancel_requested is None:
+                self._note_stop_locked()
         if self._mark("cancel_requested", at) and self.released is None:
             _WATCH.watch(self)
 
@@ -352,6 +369,17 @@ class Trace:
         return (self.completion_tokens - 1) / span
 
     @property
+    def tokens_after_stop(self) -> int:
+        """Tokens computed after the request was asked to stop: prompt tokens read into
+        the KV cache since (those the prefix cache gave are not computed) and tokens
+        generated since; 0 without a stop. A batch engine's step in flight at the stop
+        counts here (its prefill chunk; its sampled token is dropped, not generated)."""
+        if self._read_at_stop is None:
+            return 0
+        read = max(0, self.prompt_read - max(self._read_at_stop, self.cached_tokens))
+        return read + max(0, self.completion_tokens - self._made_at_stop)
+
+    @property
     def real_time_factor(self) -> float | None:
         """A transcription's seconds of work (admitted to released) per second of audio
         (below 1: faster than the audio plays); None for other kinds, or until released."""
@@ -376,6 +404,7 @@ class Trace:
             "request_id": self.request_id,
             "model": self.model,
             "kind": self.kind,
+            "infill": self.infill,
             "inputs": self.inputs,
             "audio_seconds": self.audio_seconds,
             "real_time_factor": self.real_time_factor,
@@ -391,6 +420,7 @@ class Trace:
             "cached_tokens": self.cached_tokens,
             "prompt_read": self.prompt_read,
             "completion_tokens": self.completion_tokens,
+            "tokens_after_stop": self.tokens_after_stop,
             "draft_tokens": self.draft_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
             "buffer_peak": self.buffer_peak,

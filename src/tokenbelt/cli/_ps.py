@@ -4,7 +4,9 @@ One ``GET /health``: for each model its state (and why it is not loaded), the me
 takes (weights, KV cache, prefix cache; the worker's resident set once measured), its
 slots and requests, its pin and when its keep-alive unloads it; then the memory budget.
 One ``GET /v1/requests``: the prompts being read now, and how far each has come (a
-long prompt's prefill is a busy server, not a hung one).
+long prompt's prefill is a busy server, not a hung one). A line per model that served
+code completions: how many, how many went stale (superseded), the tokens computed after
+they went stale, and keystroke to first token.
 """
 
 from __future__ import annotations
@@ -65,15 +67,36 @@ def _row(status: dict[str, Any], prefill: dict[str, str]) -> list[str]:
     ]
 
 
+def completions_line(status: dict[str, Any]) -> str | None:
+    """What a model's code completions cost and how fast they answered (None: it
+    served none and superseded nothing)."""
+    c = status.get("completions") or {}
+    if not c.get("completions") and not c.get("superseded"):
+        return None
+
+    def ms(key: str) -> str:
+        value = c.get(key)
+        return "-" if value is None else f"{value:.0f} ms"
+
+    return (
+        f"completions on {status['name']}: {c.get('completions', 0)} served, "
+        f"{c.get('superseded', 0)} superseded, {c.get('stale_tokens', 0)} stale tokens; "
+        f"keystroke to first token p50 {ms('first_token_p50_ms')}, "
+        f"p95 {ms('first_token_p95_ms')}"
+    )
+
+
 _HEADER = ["MODEL", "STATE", "MEMORY", "WEIGHTS/KV/CACHE", "SLOTS", "RUN/QUEUED", "PINNED",
            "UNLOADS IN", "READING PROMPT", "WHY NOT LOADED"]  # fmt: skip
 
 
 def table(health: dict[str, Any], traces: list[dict[str, Any]] | None = None) -> str:
     """The text ``tokenbelt ps`` prints for a ``/health`` body (and ``/v1/requests``'s
-    traces: the prompts being read)."""
+    traces: the prompts being read): the table, the memory, then a line per model that
+    served code completions (``completions_line``)."""
     prefill = reading(traces or [])
-    rows = [_HEADER] + [_row(s, prefill) for s in health.get("model_status", {}).values()]
+    statuses = list(health.get("model_status", {}).values())
+    rows = [_HEADER] + [_row(s, prefill) for s in statuses]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     memory = health.get("memory") or {}
@@ -83,6 +106,7 @@ def table(health: dict[str, Any], traces: list[dict[str, Any]] | None = None) ->
         f"{'no budget' if budget is None else _mib(budget)}; "
         f"{memory.get('evictions', 0)} evictions"
     )
+    lines += [line for s in statuses if (line := completions_line(s)) is not None]
     return "\n".join(lines)
 
 

@@ -359,6 +359,9 @@ class GenerationRequest:
     drafting (``lookup``) or none (``off``); it changes the speed, never the text.
     ``continue_final``: the messages end with an assistant turn that the reply continues
     (Anthropic's prefill) instead of a new turn after it.
+    ``infill``: the prompt is a fill-in-the-middle one (``Model.infill_request`` makes
+    it): the request is a code completion, and its trace and the model's completion
+    statistics count it as one; engines read the prompt as any other.
     """
 
     messages: tuple[Message, ...] | None = None
@@ -371,6 +374,7 @@ class GenerationRequest:
     draft: str | None = None
     prompt_tokens: tuple[int, ...] | None = None
     continue_final: bool = False
+    infill: bool = False
 
     def __post_init__(self) -> None:
         check_draft(self.draft, allow_none=True)

@@ -4,6 +4,7 @@ from ..engines import sampling_from
 from ..models import DEFAULT_ALIAS
 from . import _structured as structured
 from ._calls import Tool, ToolCall
+from ._completions import STALE_ENDS, CompletionStatistics
 from ._embed import Embeddings, EmbeddingStream, Ranked, Ranking
 from ._memory import DEFAULT_SHARE, MemoryBudget, MemoryUse, default_budget, estimate
 from ._model import Model
@@ -25,8 +26,10 @@ __all__ = [
     "DEFAULT_ALIAS",
     "DEFAULT_MAX_AUDIO_SECONDS",
     "DEFAULT_SHARE",
+    "STALE_ENDS",
     "ChatSession",
     "Claim",
+    "CompletionStatistics",
     "EmbeddingStream",
     "Embeddings",
     "MemoryBudget",

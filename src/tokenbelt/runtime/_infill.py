@@ -87,6 +87,7 @@ class InfillCalls(EngineCalls):
             sampling=sampling,
             reuse_prefix=reuse_prefix,
             draft=draft,
+            infill=True,
         )
         return request, prompt
 

@@ -25,6 +25,7 @@ from ..belt import (
     new_request_id,
 )
 from ..engines import Engine
+from ._completions import CompletionTally
 from ._embed import EmbeddingCalls
 from ._infill import InfillCalls, fim_tokens_of
 from ._keepalive import KeepAlive, RequestKeepAlive
@@ -115,6 +116,8 @@ class Model(ChatCalls, InfillCalls, EmbeddingCalls, TranscriptionCalls):
         self._fim_tokens: dict[str, int] | None = None
         #: the latest claim of each supersede key (``claim``)
         self.superseding = Superseding()
+        #: its code completions: stale ones, their work, their first tokens (``status``)
+        self.completions = CompletionTally()
         self.loaded_at: float | None = None
         #: when a request last started or ended here (the budget unloads the least recent)
         self.last_used = time.monotonic()
@@ -352,6 +355,7 @@ class Model(ChatCalls, InfillCalls, EmbeddingCalls, TranscriptionCalls):
             expires_in_s=expires,
             loads=self.loads,
             evictions=self.evictions,
+            completions=self.completions.statistics(),
         )
 
     def memory(self) -> MemoryUse | None:
@@ -470,7 +474,9 @@ class Model(ChatCalls, InfillCalls, EmbeddingCalls, TranscriptionCalls):
     def _belt(
         self, prompt_tokens: int, lim: Limits, capacity: int | None, request_id: str | None
     ) -> Belt[Any]:
-        trace = Trace(request_id or new_request_id(), model=self.name, observers=self._observers)
+        # The model's own count first: whoever sees a release sees it in ``status()`` too.
+        observers = [self.completions.observe, *self._observers]
+        trace = Trace(request_id or new_request_id(), model=self.name, observers=observers)
         trace.prompt_tokens = prompt_tokens
         # The deadlines count from the enqueue mark itself (the scheduler's own mark is
         # then a no-op): two clock readings let a timeout fire before enqueued + limit.

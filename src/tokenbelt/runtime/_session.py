@@ -94,8 +94,9 @@ class ChatCalls(EngineCalls):
         self.keep_alive_for_request(keep_alive)
         claim = self.claim(supersede) if isinstance(supersede, str) else supersede
 
-        def open_stream(_: GenerationRequest, belt: Belt[Any]) -> Stream:
+        def open_stream(queued: GenerationRequest, belt: Belt[Any]) -> Stream:
             belt.trace.dropped_messages = dropped_messages
+            belt.trace.infill = queued.infill
             if claim is not None:
                 claim.add(belt)
             return Stream(belt, on_complete=on_complete, structure=structure)

@@ -1,6 +1,6 @@
 """Where a model is in its life (``ModelState``), and a snapshot of its place in the
 runtime: loaded or not and why, what it holds in memory, its slots and requests, its pin
-and keep-alive (``Model.status()``)."""
+and keep-alive, its code completions (``Model.status()``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from ._completions import CompletionStatistics
 from ._memory import MemoryUse
 
 
@@ -59,6 +60,8 @@ class ModelStatus:
     expires_in_s: float | None
     loads: int
     evictions: int
+    #: its code completions: superseded, stale tokens, keystroke to first token
+    completions: CompletionStatistics
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,4 +77,5 @@ class ModelStatus:
             "expires_in_s": None if self.expires_in_s is None else round(self.expires_in_s, 1),
             "loads": self.loads,
             "evictions": self.evictions,
+            "completions": self.completions.to_dict(),
         }

@@ -59,6 +59,13 @@ def test_models_health_and_schema(serve: ServeFactory) -> None:
                     "expires_in_s": None,
                     "loads": 1,
                     "evictions": 0,
+                    "completions": {
+                        "completions": 0,
+                        "superseded": 0,
+                        "stale_tokens": 0,
+                        "first_token_p50_ms": None,
+                        "first_token_p95_ms": None,
+                    },
                 }
             },
             "memory": {"budget_bytes": None, "used_bytes": 0, "evictions": 0},

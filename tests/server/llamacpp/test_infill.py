@@ -23,6 +23,7 @@ import pytest
 
 import plainhttp
 from tokenbelt import EndReason, Runtime
+from tokenbelt.cli._ps import table
 from tokenbelt.models import default_model_path
 from tokenbelt.server import ServerSettings
 
@@ -241,13 +242,11 @@ def test_bad_infill_fields_are_400s_naming_them(
 # -- supersede -----------------------------------------------------------------------------------
 
 
-def test_a_burst_of_keystrokes_leaves_only_the_last_running(served: Served) -> None:
-    """20 completions 50 ms apart with one ``id_slot``, none aborted by its client: each
-    ends ``superseded`` as the next arrives, released before the next one's first token
-    (within a step), and only the last runs to its end."""
-    n = 20
+def burst(served: Served, n: int) -> list[dict[str, Any]]:
+    """``n`` completions 50 ms apart with one ``id_slot``, none aborted by its client
+    (llama.vim's way), each long enough to be running when the next one comes."""
 
-    async def burst() -> list[dict[str, Any]]:
+    async def keystrokes() -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=served.url, timeout=NET) as client:
 
             async def one(i: int) -> dict[str, Any]:
@@ -268,7 +267,14 @@ def test_a_burst_of_keystrokes_leaves_only_the_last_running(served: Served) -> N
                 await asyncio.sleep(0.05)
             return list(await asyncio.gather(*tasks))
 
-    answers = asyncio.run(burst())
+    return asyncio.run(keystrokes())
+
+
+def test_a_burst_of_keystrokes_leaves_only_the_last_running(served: Served) -> None:
+    """20 completions 50 ms apart with one ``id_slot``, none aborted by its client: each
+    ends ``superseded`` as the next arrives, released before the next one's first token
+    (within a step), and only the last runs to its end."""
+    answers = burst(served, 20)
     traces = {t.request_id: t for t in served.recorder.enqueued()}
     ordered = [traces[a["tokenbelt"]["trace"]["request_id"]] for a in answers]
     for a in answers[:-1]:
@@ -286,6 +292,59 @@ def test_a_burst_of_keystrokes_leaves_only_the_last_running(served: Served) -> N
         if new.first_token is not None:
             assert old.released <= new.first_token
     assert served.model().statistics().queue_peak <= 4
+
+
+def sample(metrics: str, name: str, model: str) -> float:
+    """The value of ``name`` for ``model`` on ``/infill`` (0 while the series is absent)."""
+    labels = f'{{api="llamacpp",model="{model}"}}'
+    line = next((x for x in metrics.splitlines() if x.startswith(name + labels)), None)
+    return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+
+def test_stale_completions_show_in_metrics_health_and_ps(served: Served, fim_gguf: Path) -> None:
+    """A burst of keystrokes on one ``id_slot``: ``/metrics`` counts the superseded
+    requests, the tokens computed for them after their stop (at most the step in flight
+    at the stop) and each completion's first token; ``/health`` and ``tokenbelt ps`` say
+    the same of the model."""
+    name, n = fim_gguf.stem, 6
+    series = (
+        "tokenbelt_superseded_requests_total",
+        "tokenbelt_stale_tokens_total",
+        "tokenbelt_completion_first_token_seconds_count",
+    )
+
+    def seen() -> tuple[list[float], dict[str, Any]]:
+        metrics = plainhttp.get(f"{served.url}/metrics", timeout=NET).text
+        health = plainhttp.get(f"{served.url}/health", timeout=NET).json()
+        return [sample(metrics, s, name) for s in series], health["model_status"][name]
+
+    (superseded, stale, firsts), status = seen()
+    before = status["completions"]
+    burst(served, n)
+    traces = served.recorder.enqueued()
+    assert len(traces) == n
+    old = traces[:-1]
+    assert all(t.end_reason is EndReason.SUPERSEDED and t.infill for t in old)
+    for t in old:  # the step in flight at the stop: its prompt chunk, or one token
+        assert t.tokens_after_stop <= max(t.prompt_tokens, 1)
+    after_stop = sum(t.tokens_after_stop for t in old)
+    with_first = [t for t in traces if t.first_token is not None]
+    (superseded_now, stale_now, firsts_now), status = seen()
+    assert superseded_now - superseded == n - 1
+    assert stale_now - stale == after_stop
+    assert firsts_now - firsts == len(with_first)
+    now = status["completions"]
+    assert now["completions"] - before["completions"] == n
+    assert now["superseded"] - before["superseded"] == n - 1
+    assert now["stale_tokens"] - before["stale_tokens"] == after_stop
+    assert 0 < now["first_token_p50_ms"] <= now["first_token_p95_ms"]
+    health = plainhttp.get(f"{served.url}/health", timeout=NET).json()
+    shown = table(health, [])
+    assert (
+        f"completions on {name}: {now['completions']} served, {now['superseded']} "
+        f"superseded, {now['stale_tokens']} stale tokens; keystroke to first token p50 "
+    ) in shown
+    assert f"completions on {PLAIN}:" not in shown  # it served none
 
 
 def test_supersede_by_header_and_by_option_on_v1_completions(served: Served) -> None:

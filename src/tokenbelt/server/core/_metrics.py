@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from ...belt import EndReason, Trace, TraceEvent, invariants
 from ...engines import BatchStatistics, EngineStatistics, UpstreamStatistics, WorkerStatistics
-from ...runtime import ModelStatus, SchedulerStatistics
+from ...runtime import STALE_ENDS, ModelStatus, SchedulerStatistics
 
 request_log = logging.getLogger("tokenbelt.requests")
 
@@ -165,6 +165,7 @@ class Metrics:
             buckets=(0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
             registry=r,
         )
+        self.superseded, self.stale_tokens, self.completion_ttft = _completion_series(r)
         self.queue_depth, self.running, self.prefill_left = _now_gauges(r)
         self._stats = stats
         # request id -> api, set just before a request is submitted. Kept past the release
@@ -228,6 +229,7 @@ class Metrics:
         api = self._api(t.request_id)
         reason = t.end_reason or EndReason.RUNTIME_ERROR
         self.requests.labels(model, api, reason.value).inc()
+        self._count_completion(t, model, api)
         self.prompt_tokens.labels(model, api).inc(t.prompt_tokens)
         self.completion_tokens.labels(model, api).inc(t.completion_tokens)
         for hist, value in (
@@ -252,6 +254,45 @@ class Metrics:
             for gap in t.token_gaps:
                 itl.observe(gap)
         request_log.info("%s", json.dumps({"event": "request", "api": api, **t.to_dict()}))
+
+    def _count_completion(self, t: Trace, model: str, api: str) -> None:
+        """The code-completion series: a supersede, the work done after a stale stop, a
+        completion's first token (``CompletionTally`` counts the same per model)."""
+        if t.end_reason is EndReason.SUPERSEDED:
+            self.superseded.labels(model, api).inc()
+        if t.end_reason in STALE_ENDS:
+            self.stale_tokens.labels(model, api).inc(t.tokens_after_stop)
+        if t.infill and t.time_to_first_token is not None:
+            self.completion_ttft.labels(model, api).observe(t.time_to_first_token)
+
+
+def _completion_series(r: CollectorRegistry) -> tuple[Counter, Counter, Histogram]:
+    """What code completion costs and how fast it answers: superseded requests, the
+    tokens computed after a request went stale, a completion's first token."""
+    return (
+        Counter(
+            "tokenbelt_superseded_requests",
+            "Requests ended by a newer request with their supersede key (the next keystroke's "
+            "completion), queued or running.",
+            ["model", "api"],
+            registry=r,
+        ),
+        Counter(
+            "tokenbelt_stale_tokens",
+            "Tokens computed for a request after it was superseded or its client went away "
+            "(prompt tokens read and tokens generated after the stop).",
+            ["model", "api"],
+            registry=r,
+        ),
+        Histogram(
+            "tokenbelt_completion_first_token_seconds",
+            "Keystroke to first token: a code completion's (fill in the middle) time from "
+            "its arrival (enqueue) to its first token.",
+            ["model", "api"],
+            buckets=_FAST,
+            registry=r,
+        ),
+    )
 
 
 class _EngineCollector(Collector):

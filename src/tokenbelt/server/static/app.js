@@ -1090,6 +1090,7 @@
   // -- requests: this page's by default, every client's on a toggle -------------------------
 
   async function refreshRecent() {
+    refreshCompletions();
     const list = $("recent");
     const all = $("all-requests").checked;
     let data;
@@ -1125,6 +1126,31 @@
       }));
     }
     list.dataset.refreshedAt = String(now());
+  }
+
+  // -- code completions: what editors' keystrokes cost each model (from /health) -----------
+
+  async function refreshCompletions() {
+    let statuses;
+    try {
+      // /health answers 503 while a model loads; its body still says where each one stands.
+      const response = await fetch("health", { headers: apiHeaders(false), cache: "no-store" });
+      statuses = Object.values((await response.json()).model_status || {});
+    } catch (_) {
+      return; // the request list says what went wrong
+    }
+    const served = statuses.filter((s) => s.completions && (s.completions.completions || s.completions.superseded));
+    $("completions").hidden = !served.length;
+    $("completions-list").replaceChildren(...served.map((s) => {
+      const c = s.completions;
+      const item = el("li", {}, [
+        el("span", { className: "id", text: s.name }),
+        el("span", { className: "figures", testid: "completion-counts", text: `${c.completions} served · ${c.superseded} superseded · ${c.stale_tokens} stale tokens` }),
+        el("span", { className: "figures", testid: "completion-first-token", text: `keystroke to first token p50 ${fmtMs(c.first_token_p50_ms)} · p95 ${fmtMs(c.first_token_p95_ms)}` }),
+      ]);
+      item.dataset.model = s.name;
+      return item;
+    }));
   }
 
   // -- wiring ------------------------------------------------------------------------------
