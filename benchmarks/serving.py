@@ -119,7 +119,7 @@ def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server:
         cmd = [server, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["-np", str(slots), "-c", str(slots * n_ctx), "-t", str(threads)]
         cmd += ["-tb", str(threads), "-fa", "auto", "--kv-unified", "--no-webui"]
-        return cmd
+        return cmd + _harness.same_layout()
     cmd = [sys.executable, "-m", "tokenbelt", "serve", model, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--slots", str(slots), "--n-ctx", str(n_ctx)]
     cmd += ["--threads", str(threads), "--threads-batch", str(threads)]
