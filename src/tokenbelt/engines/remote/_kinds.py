@@ -22,8 +22,9 @@ stop a request there and confirm that it stopped.
 - **other**: top_k, min_p, repeat_penalty (sent as always; such servers ignore fields
   they do not know). Unconfirmed.
 
-The probe (``GET /v1/models``, then ``/version``, ``/openapi.json``, ``/slots`` or
-``/api/version`` as the first answer suggests) runs when the engine starts and again at a
+The probe (``GET /v1/models``, then ``/version`` and ``/openapi.json``, ``/slots`` and
+``/props`` (its ``build_info``: the version), or ``/api/version`` as the first answer
+suggests) runs when the engine starts and again at a
 health check while it has not succeeded.
 """
 
@@ -154,8 +155,7 @@ async def probe(
     if "vllm" in owners:
         return await _vllm(session, url, headers)
     if "llamacpp" in owners:
-        status, slots = await _get(session, f"{url}/slots", headers)
-        return Probed(Kind.LLAMA_SERVER, slots=status == 200 and isinstance(slots, list), done=True)
+        return await _llama_server(session, url, headers)
     if "me" in owners:
         return Probed(Kind.LLAMA_CPP_PYTHON, done=True)
     status, version = await _get(session, f"{url}/api/version", headers)
@@ -170,6 +170,20 @@ async def _vllm(session: aiohttp.ClientSession, url: str, headers: Mapping[str, 
     paths = api.get("paths", {}) if isinstance(api, dict) else {}
     number = str(version["version"]) if isinstance(version, dict) and "version" in version else None
     return Probed(Kind.VLLM, number, abort_route="/inference/v1/abort_requests" in paths, done=True)
+
+
+async def _llama_server(
+    session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]
+) -> Probed:
+    status, slots = await _get(session, f"{url}/slots", headers)
+    _, props = await _get(session, f"{url}/props", headers)
+    build = props.get("build_info") if isinstance(props, dict) else None
+    return Probed(
+        Kind.LLAMA_SERVER,
+        str(build) if build else None,
+        slots=status == 200 and isinstance(slots, list),
+        done=True,
+    )
 
 
 def metric(text: str, name: str) -> float | None:
