@@ -20,8 +20,8 @@ it generated, in all and for requests that went stale (a later keystroke came be
 they ended: their answer was out of date), and the prompt tokens it found in its prefix
 cache per request sent. tokenbelt's come from its traces (``/v1/requests``), with the
 tokens computed past a stop (the trace's ``tokens_after_stop``: prompt tokens read and
-tokens generated after ``cancel_requested``) and the stop-to-release p95; llama-server's from its ``/metrics`` counters before and
-after the pattern (they count the work of aborted requests too) less the ``timings`` of
+tokens generated after ``cancel_requested``) and the stop-to-release p95; llama-server's
+from its ``/metrics`` counters before and after the pattern (they count the work of aborted requests too) less the ``timings`` of
 the requests that did not go stale (those all run to their end).
 
 With ``--llama-server PATH`` (built by ``benchmarks/build_llama_server.sh``) the same
