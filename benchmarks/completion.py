@@ -21,8 +21,9 @@ they ended: their answer was out of date), and the prompt tokens it found in its
 cache per request sent. tokenbelt's come from its traces (``/v1/requests``), with the
 tokens computed past a stop (the trace's ``tokens_after_stop``: prompt tokens read and
 tokens generated after ``cancel_requested``) and the stop-to-release p95; llama-server's
-from its ``/metrics`` counters before and after the pattern (they count the work of aborted requests too) less the ``timings`` of
-the requests that did not go stale (those all run to their end).
+from its ``/metrics`` counters before and after the pattern (they count the work of
+aborted requests too) less the ``timings`` of the requests that did not go stale (those
+all run to their end).
 
 With ``--llama-server PATH`` (built by ``benchmarks/build_llama_server.sh``) the same
 replay runs against llama.cpp's own server too: same model file, threads, slots, context
