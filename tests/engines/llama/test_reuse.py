@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+from tokenbelt.engines.llama._prefix import PrefixCache
 from tokenbelt.engines.llama._reuse import Chunk, find_chunks, moves, removed
 
 #: the prompt's last token is computed for its logits: no chunk reaches it
@@ -129,3 +130,31 @@ def test_random_edits_leave_every_kept_cell_at_its_prompt_token() -> None:
         cells = cells_after(cached, start, chunks)
         assert all(prompt[p] == t for p, t in cells.items())
         assert len(cells) == start + sum(c.n for c in chunks)
+
+
+class Memory:
+    """llama.cpp's calls a ``PrefixCache`` makes at its start, for a model whose KV
+    cells cannot be shifted (a recurrent model's, M-RoPE's)."""
+
+    def llama_get_memory(self, ctx: object) -> object:
+        return ctx
+
+    def llama_memory_can_shift(self, memory: object) -> bool:
+        return False
+
+
+def test_a_model_whose_cells_cannot_shift_keeps_the_prefix_only() -> None:
+    cells = PrefixCache(
+        Memory(),
+        object(),
+        n_seq_max=2,
+        entries=8,
+        tokens=4096,
+        shift_least=256,
+        most_gap=128,
+        context_length=2048,
+        n_vocab=100,
+        store=None,
+        name="recurrent",
+    )
+    assert cells.shift_least == 0
