@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import random
 
+from tokenbelt import GenerationRequest
+from tokenbelt.belt import Belt
+from tokenbelt.engines.llama._plan import common_prefix
 from tokenbelt.engines.llama._prefix import PrefixCache
 from tokenbelt.engines.llama._reuse import Chunk, find_chunks, moves, removed
+from tokenbelt.engines.llama._sequence import Sequence
 
 #: the prompt's last token is computed for its logits: no chunk reaches it
 LAST = -1
@@ -133,28 +137,52 @@ def test_random_edits_leave_every_kept_cell_at_its_prompt_token() -> None:
 
 
 class Memory:
-    """llama.cpp's calls a ``PrefixCache`` makes at its start, for a model whose KV
-    cells cannot be shifted (a recurrent model's, M-RoPE's)."""
+    """llama.cpp's calls a ``PrefixCache`` makes at its start: whether the model's KV
+    cells can be shifted (a recurrent model's and M-RoPE's cannot)."""
+
+    def __init__(self, can_shift: bool) -> None:
+        self.can_shift = can_shift
 
     def llama_get_memory(self, ctx: object) -> object:
         return ctx
 
     def llama_memory_can_shift(self, memory: object) -> bool:
-        return False
+        return self.can_shift
 
 
-def test_a_model_whose_cells_cannot_shift_keeps_the_prefix_only() -> None:
-    cells = PrefixCache(
-        Memory(),
+def prefix_cache(can_shift: bool = True, shift_least: int = 4) -> PrefixCache:
+    return PrefixCache(
+        Memory(can_shift),
         object(),
         n_seq_max=2,
         entries=8,
         tokens=4096,
-        shift_least=256,
-        most_gap=128,
+        shift_least=shift_least,
+        most_gap=8,
         context_length=2048,
-        n_vocab=100,
+        n_vocab=1000,
         store=None,
-        name="recurrent",
+        name="m",
     )
-    assert cells.shift_least == 0
+
+
+def test_a_model_whose_cells_cannot_shift_keeps_the_prefix_only() -> None:
+    assert prefix_cache(can_shift=False, shift_least=256).shift_least == 0
+    assert prefix_cache(can_shift=True, shift_least=256).shift_least == 256
+
+
+def test_the_entry_with_the_most_cached_tokens_serves_not_the_longest_prefix() -> None:
+    """After a burst of keystrokes, the last completion computed whole holds the suffix;
+    a later one stopped in its prefill holds a longer prefix and none of it."""
+    head, tail = list(range(100, 120)), list(range(200, 240))
+    whole, stopped = [*head, 7, *tail, 1], [*head, 8, 9]
+    prompt = [*head, 8, 9, 10, *tail, 5]
+    seq = Sequence(GenerationRequest(prompt="p"), Belt[str](4).producer, lambda: None)
+    for reuse, entry, chunks in ((4, whole, [Chunk(21, 23, 40)]), (0, stopped, [])):
+        cells = prefix_cache(shift_least=reuse)
+        cells._add(whole, None)
+        cells._add(stopped, None)
+        n, source, hit, moved = cells._best(prompt, [], exclude=seq)
+        assert hit is not None
+        assert (hit.tokens, moved, source) == (entry, chunks, -1)
+        assert n == common_prefix(entry, prompt)

@@ -149,13 +149,13 @@ class PrefixCache:
         entry or a running sequence, and an entry's chunks past it, ``compute`` computing
         the tokens between them (module docstring): (how many of the prompt's first
         tokens its cells now hold, how many of those were reused: counted as hits)."""
-        n, source, entry = self._best(seq.tokens, running, exclude=seq)
+        n, source, entry, chunks = self._best(seq.tokens, running, exclude=seq)
         reused = n
         if entry is not None:
             if not self._load(entry, seq.id):
                 n = reused = 0  # its cells did not go back in: the prompt is computed
             else:
-                n, reused = self._shifted(entry, seq, n, compute)
+                n, reused = self._shifted(seq, n, chunks, compute)
         elif n > 0:
             self._lib.llama_memory_seq_cp(self._mem, source, seq.id, 0, n)
         if reused > 0:
@@ -164,22 +164,12 @@ class PrefixCache:
         return n, reused
 
     def _shifted(
-        self, entry: CacheEntry, seq: Sequence, n: int, compute: Compute
+        self, seq: Sequence, n: int, chunks: list[Chunk], compute: Compute
     ) -> tuple[int, int]:
-        """Keep ``entry``'s cells (loaded as ``seq``'s) for its shared prefix of ``n``
-        tokens and its chunks past it, computing the prompt's tokens between them in a
-        spare sequence: (cells, tokens reused). A gap not computed (a stop aborted it)
+        """Keep an entry's cells (loaded as ``seq``'s) for its shared prefix of ``n``
+        tokens and its ``chunks`` past it, computing the prompt's tokens between them in
+        a spare sequence: (cells, tokens reused). A gap not computed (a stop aborted it)
         ends the reuse there."""
-        chunks: list[Chunk] = []
-        if self.shift_least:
-            chunks = find_chunks(
-                entry.tokens,
-                seq.tokens,
-                n,
-                least=self.shift_least,
-                limit=len(seq.tokens) - 1,
-                most_gap=self.most_gap if self.spare else 0,
-            )
         lib, mem, seq_id = self._lib, self._mem, seq.id
         for p0, p1 in removed(n, chunks):
             lib.llama_memory_seq_rm(mem, seq_id, p0, p1)
@@ -219,28 +209,43 @@ class PrefixCache:
 
     def _best(
         self, tokens: list[int], running: Iterable[Sequence], exclude: Sequence
-    ) -> tuple[int, int, CacheEntry | None]:
-        """The longest usable cached prefix: (tokens, the running sequence that holds
-        them or -1, the cache entry that holds them or None). An entry that serves moves
-        to the end of ``entries``, which is kept in order of use."""
-        best, source, hit = 0, -1, None
+    ) -> tuple[int, int, CacheEntry | None, list[Chunk]]:
+        """The most usable cached tokens: (the shared prefix, the running sequence that
+        holds it or -1, the cache entry that holds it or None, that entry's chunks past
+        it). An entry counts its prefix and its chunks: after a keystroke, the last
+        completion computed whole has more of the prompt than a later one stopped in its
+        prefill (whose prefix is longer). An entry that serves moves to the end of
+        ``entries``, which is kept in order of use."""
+        best, most, source, hit = 0, 0, -1, None
+        moved: list[Chunk] = []
         if not self.on:
-            return best, source, hit  # the prefix cache is off: every prompt is computed
+            return best, source, hit, moved  # the prefix cache is off: all is computed
         limit = len(tokens) - 1  # at least one prompt token must be evaluated for logits
         for entry in self.entries:
             n = min(common_prefix(entry.tokens, tokens), limit)
-            if n > best:
-                best, hit = n, entry
+            chunks = self._chunks(entry.tokens, tokens, n, limit)
+            total = n + sum(c.n for c in chunks)
+            if total > most:
+                best, most, hit, moved = n, total, entry, chunks
         for seq in running:
             if seq is exclude or seq.id < 0 or seq.cancelled:
                 continue
             n = min(common_prefix(seq.tokens[: seq.n_past], tokens), limit)
-            if n > best:
-                best, source, hit = n, seq.id, None
+            if n > most:
+                best, most, source, hit, moved = n, n, seq.id, None, []
         if hit is not None:
             self.entries.remove(hit)
             self.entries.append(hit)
-        return best, source, hit
+        return best, source, hit, moved
+
+    def _chunks(self, cached: list[int], tokens: list[int], n: int, limit: int) -> list[Chunk]:
+        """An entry's chunks past its shared prefix of ``n`` tokens (none with
+        ``shift_least`` 0; with no spare id, only those that need no gap computed)."""
+        if not self.shift_least:
+            return []
+        most_gap = self.most_gap if self.spare else 0
+        least = self.shift_least
+        return find_chunks(cached, tokens, n, least=least, limit=limit, most_gap=most_gap)
 
     def _load(self, entry: CacheEntry, seq_id: int) -> bool:
         """Put ``entry``'s cells back as sequence ``seq_id``'s; False (and nothing left

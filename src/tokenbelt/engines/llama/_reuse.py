@@ -56,7 +56,7 @@ def find_chunks(
     the prompt's next ``least`` tokens, as long as they go on matching. The search is a
     byte search over the token ids, so a long entry costs milliseconds, not a scan per
     prompt token in Python."""
-    if least < 1:
+    if least < 1 or len(cached) - start < least:
         return []
     haystack = array("i", cached).tobytes()
     chunks: list[Chunk] = []
