@@ -24,7 +24,8 @@ With ``--llama-server PATH`` (built by ``benchmarks/build_llama_server.sh``) the
 replay runs against llama.cpp's own server too (same model file, threads and slots;
 ``--no-repack`` for this CPU's AMX); its traces are not known, only its latencies.
 
-Run: ``.venv/bin/python benchmarks/completion.py [--json] [--keys N] [--llama-server PATH]``.
+Run: ``.venv/bin/python benchmarks/completion.py [--json] [--keys N] [--cache-reuse N]
+[--llama-server PATH]``.
 """
 
 from __future__ import annotations
@@ -265,21 +266,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--llama-server", default=None, help="llama-server binary to compare")
+    parser.add_argument(
+        "--cache-reuse",
+        type=int,
+        default=None,
+        help="--cache-reuse for both servers (default: each one's own, tokenbelt 256, "
+        "llama-server 0)",
+    )
     args = _harness.parse(parser, argv)
     text = SOURCE.read_text()
     start = text.index("@dataclass(frozen=True)\nclass Infill")
     model = fim_model()
     common = {"keys": args.keys, "n_predict": args.n_predict, "seed": args.seed}
+    reuse = [] if args.cache_reuse is None else ["--cache-reuse", str(args.cache_reuse)]
+    common["cache_reuse"] = args.cache_reuse
     result: dict[str, Any] = {"model": model.name, "source": SOURCE.name, **common}
     port = _harness.free_port()
     command = [sys.executable, "-m", "tokenbelt", "serve", str(model), "--port", str(port)]
-    command += ["--slots", str(args.slots), "--threads", str(args.threads)]
+    command += ["--slots", str(args.slots), "--threads", str(args.threads), *reuse]
     with _harness.server_process(command, port) as url:
         result["tokenbelt"] = run_server(url, text, start, args, with_traces=True)
     if args.llama_server:
         port = _harness.free_port()
         command = [args.llama_server, "-m", str(model), "--port", str(port), "--no-repack"]
         command += ["-t", str(args.threads), "-np", str(args.slots), "-c", str(4096 * args.slots)]
+        command += reuse
         with _harness.server_process(command, port) as url:
             result["llama_server"] = run_server(url, text, start, args, with_traces=False)
     _harness.emit(result, args.json, table)
@@ -287,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(result: dict[str, Any]) -> None:
-    print(f"code completion while typing: {result['keys']} keys, n_predict {result['n_predict']}")
+    reuse = result["cache_reuse"]
+    print(
+        f"code completion while typing: {result['keys']} keys, n_predict {result['n_predict']}, "
+        f"cache reuse {'each server default' if reuse is None else reuse}"
+    )
     for server in ("tokenbelt", "llama_server"):
         if server not in result:
             continue

@@ -71,7 +71,8 @@ class LlamaConfig:
       prompt has it, as llama.cpp's ``--cache-reuse`` (0: off; ``_reuse.py``).
     - ``kv_type`` (``KV_TYPES``) and ``flash_attn`` (``FLASH_ATTN``): the KV cache's
       element type and llama.cpp's flash attention (a q8_0 cache needs it on; with it
-      greedy text is the same alone, batched, drafted or cached).
+      greedy text is the same alone, batched, drafted or from a cached prefix; cells
+      moved by ``cache_reuse`` were computed after other text).
     - ``stop_abort_after``: seconds a step runs on after a stop landed in it before the
       stop watch aborts it (``_inflight.py``).
     - ``reasoning``: split a thinking model's reply into reasoning and answer (False:
