@@ -64,6 +64,8 @@ def find_chunks(
     gap = 0
     q = start
     while q + least <= limit and gap + (q - head_p) <= most_gap:
+        if q == head_p and not _may_start(haystack, prompt, q, head_c, least, most_gap - gap):
+            break
         i = _find(haystack, array("i", prompt[q : q + least]).tobytes(), head_c)
         if i < 0:
             q += 1
@@ -76,6 +78,18 @@ def find_chunks(
         head_c, head_p = i + n, q + n
         q = head_p
     return chunks
+
+
+def _may_start(
+    haystack: bytes, prompt: list[int], q: int, head_c: int, least: int, room: int
+) -> bool:
+    """Whether a chunk may start within ``room`` tokens of the prompt's ``q``: each one
+    that does holds the prompt's tokens from ``q + room`` to ``q + least``, so one
+    search for them spares a search per start when none does (an entry with nothing in
+    common past the prefix costs one search, not ``room``)."""
+    if room >= least:
+        return True
+    return _find(haystack, array("i", prompt[q + room : q + least]).tobytes(), head_c) >= 0
 
 
 def _find(haystack: bytes, needle: bytes, start: int) -> int:
