@@ -35,11 +35,12 @@ a slot's cached prompt, llama-server looks further on in the cache for the rest 
 new prompt, a chunk of at least N tokens, and shifts it into place. It skips cached
 tokens that the new prompt lost; a keystroke changes the token at the difference (the
 typed line), so within a line it finds no chunk, and both runs compute the same prompt
-tokens there. tokenbelt has no such setting (its prefix cache reuses the common prefix).
+tokens there. tokenbelt's own ``--cache-reuse`` (``--tokenbelt-cache-reuse``, default its
+own 256) also keeps a chunk that begins a few typed tokens further on.
 Each server starts with an empty cache (tokenbelt's prefix cache is not read from disk).
 
 Run: ``.venv/bin/python benchmarks/completion.py [--json] [--keys N] [--llama-server PATH]
-[--cache-reuse N ...]``.
+[--cache-reuse N ...] [--tokenbelt-cache-reuse N]``.
 """
 
 from __future__ import annotations
@@ -359,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[0, 256],
         help="llama-server runs, one per value of its --cache-reuse (default 0 256)",
     )
+    parser.add_argument(
+        "--tokenbelt-cache-reuse",
+        type=int,
+        default=None,
+        help="tokenbelt's --cache-reuse (default: its own, 256; 0: the shared prefix only)",
+    )
     args = _harness.parse(parser, argv)
     text = SOURCE.read_text()
     start = text.index("@dataclass(frozen=True)\nclass Infill")
@@ -366,12 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     common = {"keys": args.keys, "n_predict": args.n_predict, "seed": args.seed}
     result: dict[str, Any] = {"model": model.name, "source": SOURCE.name, **common}
     result |= {"threads": args.threads, "slots": args.slots, "n_ctx": args.n_ctx}
+    result["tokenbelt_cache_reuse"] = args.tokenbelt_cache_reuse
     runs: dict[str, dict[str, Any]] = {}
     port = _harness.free_port()
     command = [sys.executable, "-m", "tokenbelt", "serve", str(model), "--port", str(port)]
     command += ["--slots", str(args.slots), "--threads", str(args.threads)]
     command += ["--threads-batch", str(args.threads), "--n-ctx", str(args.n_ctx)]
     command += ["--prefix-cache-disk", "0"]
+    if args.tokenbelt_cache_reuse is not None:
+        command += ["--cache-reuse", str(args.tokenbelt_cache_reuse)]
     with _harness.server_process(command, port) as url:
         runs["tokenbelt"] = run_server(url, text, start, args, tokenbelt=True)
     for reuse in args.cache_reuse if args.llama_server else ():

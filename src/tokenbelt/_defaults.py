@@ -40,6 +40,10 @@ DEFAULT_CACHE_MEMORY = 1 << 30
 MIN_CACHE_TOKENS = 4096
 #: prefix-cache entries each model keeps when its cache is on
 DEFAULT_CACHE_ENTRIES = 8
+#: the shortest chunk of a prefix-cache entry kept past a changed part of a prompt (its
+#: cells moved to where the prompt has it): llama.vim's advice for llama.cpp's
+#: ``--cache-reuse``; a code completion's suffix (up to ~510 tokens) is one
+DEFAULT_CACHE_REUSE = 256
 #: how much nicer (lower in priority) llama.cpp's decode threads run than the rest of the
 #: process, so the threads that deliver tokens (the HTTP loop, a worker's reader, the
 #: caller's) get a core at once instead of waiting out a decode thread's time slice:

@@ -127,6 +127,13 @@ RANGES: MappingProxyType[str, Range] = MappingProxyType(
             "the most prompt tokens a model's prefix cache keeps in memory (a longer prompt "
             "keeps its head); at least a chat template's head, at most the largest context",
         ),
+        "cache_reuse": Range(
+            0,
+            MAX_CONTEXT,
+            "tokens",
+            "0 is off; the shortest chunk of a cached prompt whose cells are moved rather than "
+            "computed again, and no chunk is longer than the largest context",
+        ),
         "decode_nice": Range(
             0,
             19,

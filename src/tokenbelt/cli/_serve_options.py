@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .._defaults import (
     DEFAULT_CACHE_MEMORY,
+    DEFAULT_CACHE_REUSE,
     DEFAULT_CAPACITY,
     DEFAULT_QUEUE_SIZE,
     SERVE_SLOTS,
@@ -254,6 +255,17 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_CACHE_MEMORY >> 20} MiB of the model's KV cells hold, at least 4096: "
         "the default model's is 46,603, so an agent's system prompt, tools and history "
         "are read once, not at every turn)",
+    )
+    p.add_argument(
+        "--cache-reuse",
+        type=counted("cache_reuse"),
+        default=None,
+        metavar="N",
+        help="past the part a new prompt shares with a cached one, keep each chunk of at "
+        "least N cached tokens the prompt holds further on, moved to where it has them, as "
+        "llama.cpp's --cache-reuse (a code completion's suffix after a keystroke); a reply "
+        "from moved cells may differ from one computed cold (default "
+        f"{DEFAULT_CACHE_REUSE}; 0 = off)",
     )
     p.add_argument(
         "--prefix-cache-disk",

@@ -110,6 +110,8 @@ def test_serves_flags_make_the_engines_configuration() -> None:
             "0",
             "--cache-tokens",
             "2048",
+            "--cache-reuse",
+            "0",
             "--decode-nice",
             "3",
             "--force-n-ctx",
@@ -118,7 +120,7 @@ def test_serves_flags_make_the_engines_configuration() -> None:
     config = _engine(args)
     assert (config.kv_type, config.flash_attn, config.draft) == ("q8_0", "on", "lookup")
     assert (config.n_threads, config.prefill_gap, config.cache_tokens) == (1, 0.0, 2048)
-    assert (config.decode_nice, config.force_n_ctx) == (3, True)
+    assert (config.decode_nice, config.force_n_ctx, config.cache_reuse) == (3, True, 0)
     # Not given: the engine's own defaults, not a second copy of them in the CLI.
     plain = _engine(build_parser().parse_args(["serve"]))
     assert dataclasses.replace(plain, prefix_cache_dir=None) == LlamaConfig()

@@ -84,6 +84,7 @@ NOT_HTTP = {
     "threads",
     "prefill_chunk",
     "cache_tokens",
+    "cache_reuse",
     "decode_nice",
     "draft_tokens",
     "upstream_concurrency",

@@ -79,7 +79,7 @@ from ._inflight import StepInFlight
 from ._loading import check_gguf_file, load_gguf, open_context
 from ._persist import PrefixStore, model_key
 from ._plan import StepCosts, StepPlan
-from ._prefix import PrefixCache
+from ._prefix import MAX_SEQUENCES, PrefixCache
 from ._prompts import Prompts
 from ._running import Running
 from ._sampling import Vocabulary
@@ -139,9 +139,8 @@ class BatchEngine:
         self.model_path = path
         self.name = config.name or path.stem
         self.slots = config.slots  # llama.cpp's sequence limit
-        #: sequence ids: one a running request (cache entries hold none: they are copies
-        #: in memory; the warm-up and a restore use one while nothing runs)
-        self.n_seq_max = self.slots
+        #: sequence ids: the running requests' and a spare one (``PrefixCache.spare``)
+        self.n_seq_max = min(self.slots + 1, MAX_SEQUENCES)
         self.context_length = config.n_ctx
         self.n_batch = max(config.n_batch, self.slots + 1)
         threads, threads_batch = default_threads()
@@ -224,6 +223,8 @@ class BatchEngine:
             )
             if config.cache_tokens is None
             else config.cache_tokens,
+            shift_least=config.cache_reuse,
+            most_gap=max(1, min(config.prefill_chunk, self.n_batch - self.slots)),
             context_length=self.context_length,
             n_vocab=self._n_vocab,
             store=store,

@@ -23,6 +23,7 @@ from ..._defaults import (
     CONTEXT_STEP,
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_CACHE_MEMORY,
+    DEFAULT_CACHE_REUSE,
     DEFAULT_DECODE_NICE,
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_KV_MEMORY,
@@ -65,10 +66,13 @@ class LlamaConfig:
       ``cache_tokens`` None: as many as ``DEFAULT_CACHE_MEMORY`` bytes of this model's
       KV cells hold, ``cache_tokens_for``);
       ``prefix_cache_dir``/``prefix_cache_disk``: where, and in how many bytes, it
-      outlives the engine (``_persist.py``).
+      outlives the engine (``_persist.py``); ``cache_reuse``: the shortest chunk of an
+      entry kept past a changed part of a new prompt, its cells moved to where the
+      prompt has it, as llama.cpp's ``--cache-reuse`` (0: off; ``_reuse.py``).
     - ``kv_type`` (``KV_TYPES``) and ``flash_attn`` (``FLASH_ATTN``): the KV cache's
       element type and llama.cpp's flash attention (a q8_0 cache needs it on; with it
-      greedy text is the same alone, batched, drafted or cached).
+      greedy text is the same alone, batched, drafted or from a cached prefix; cells
+      moved by ``cache_reuse`` were computed after other text).
     - ``stop_abort_after``: seconds a step runs on after a stop landed in it before the
       stop watch aborts it (``_inflight.py``).
     - ``reasoning``: split a thinking model's reply into reasoning and answer (False:
@@ -91,6 +95,7 @@ class LlamaConfig:
     prefill_gap: float = DEFAULT_PREFILL_GAP
     cache_entries: int = DEFAULT_CACHE_ENTRIES
     cache_tokens: int | None = None
+    cache_reuse: int = DEFAULT_CACHE_REUSE
     force_n_ctx: bool = False
     kv_type: str = "f16"
     flash_attn: str = "auto"
@@ -118,6 +123,7 @@ class LlamaConfig:
             raise InvalidArgument(f"cache_entries must be 0 or more, got {self.cache_entries}")
         if self.cache_tokens is not None:
             check("cache_tokens", self.cache_tokens)
+        check("cache_reuse", self.cache_reuse)
         if self.kv_type not in KV_TYPES:
             raise InvalidArgument(
                 f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}",

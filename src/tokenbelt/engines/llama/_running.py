@@ -180,12 +180,23 @@ class Running:
         drafts = (seq.request.draft or self._config.draft) == "lookup"
         if drafts and seq.grammar is None and seq.phases is None:
             seq.lookup = Lookup()
-        # cache_prompt: false computes the whole prompt
-        reuse = cells.reuse(seq, self.active) if seq.request.reuse_prefix else 0
-        if reuse > 0:
-            seq.n_past = reuse
-            seq.producer.count_cached(reuse)
-            seq.producer.count_read(reuse)
+        if not seq.request.reuse_prefix:
+            return  # cache_prompt: false computes the whole prompt
+        held, reused = cells.reuse(seq, self.active, lambda *gap: self._gap(seq, *gap))
+        if held > 0:
+            seq.n_past = held
+            seq.producer.count_cached(reused)
+            seq.producer.count_read(held)
+
+    def _gap(self, seq: Sequence, tokens: list[int], start: int, seq_id: int) -> bool:
+        """Compute the tokens between the chunks a shifted reuse keeps for ``seq``
+        (``PrefixCache.reuse``), as sequence ``seq_id``, in a step of their own: a stop
+        of ``seq`` aborts it as it would a step with its prompt."""
+        self._inflight.begin([seq], self._plan.costs.step(len(tokens)) or 0.0)
+        try:
+            return self._step.gap(tokens, start, seq_id)
+        finally:
+            self._inflight.end()
 
     def _wait_room(self, seq: Sequence) -> None:
         """Leave a full sequence out; the read that makes room wakes the loop."""

@@ -98,8 +98,23 @@ class NativeStep:
 
     def warm(self, tokens: list[int], seq_id: int) -> bool:
         """Compute ``tokens`` as sequence ``seq_id`` (the load's warm-up); whether it ran."""
+        return self._alone(tokens, 0, seq_id, logits=True)
+
+    def gap(self, tokens: list[int], start: int, seq_id: int) -> bool:
+        """Compute ``tokens`` as sequence ``seq_id``'s cells from position ``start`` in a
+        step of their own, no row sampled (a shifted reuse's gap, ``PrefixCache.reuse``);
+        whether it ran (the abort flag stops it as any step)."""
+        ran = self._alone(tokens, start, seq_id, logits=False)
+        self.steps += 1
+        self.sequences += 1
+        self.tokens += len(tokens)
+        if not ran:
+            self.aborted += 1
+        return ran
+
+    def _alone(self, tokens: list[int], start: int, seq_id: int, *, logits: bool) -> bool:
         for i, token in enumerate(tokens):
-            self._put(i, token, i, seq_id, i == len(tokens) - 1)
+            self._put(i, token, start + i, seq_id, logits and i == len(tokens) - 1)
         self.batch.n_tokens = len(tokens)
         ran = self._lib.llama_decode(self._ctx, self.batch) == 0
         self.batch.n_tokens = 0
