@@ -263,8 +263,8 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="past the part a new prompt shares with a cached one, keep each chunk of at "
         "least N cached tokens the prompt holds further on, moved to where it has them, as "
-        "llama.cpp's --cache-reuse (a code completion's suffix after a keystroke); a reply "
-        "from moved cells may differ from one computed cold (default "
+        "llama.cpp's --cache-reuse (a code completion's suffix after a keystroke; code "
+        "completions only); a reply from moved cells may differ from one computed cold (default "
         f"{DEFAULT_CACHE_REUSE}; 0 = off)",
     )
     p.add_argument(

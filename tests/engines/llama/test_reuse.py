@@ -178,11 +178,13 @@ def test_the_entry_with_the_most_cached_tokens_serves_not_the_longest_prefix() -
     whole, stopped = [*head, 7, *tail, 1], [*head, 8, 9]
     prompt = [*head, 8, 9, 10, *tail, 5]
     seq = Sequence(GenerationRequest(prompt="p"), Belt[str](4).producer, lambda: None)
-    for reuse, entry, chunks in ((4, whole, [Chunk(21, 23, 40)]), (0, stopped, [])):
+    cases = ((4, True, whole, [Chunk(21, 23, 40)]), (0, True, stopped, []))
+    # A chat or raw prompt (not a code completion) moves no cells: the longest prefix.
+    for reuse, shift, entry, chunks in (*cases, (4, False, stopped, [])):
         cells = prefix_cache(shift_least=reuse)
         cells._add(whole, None)
         cells._add(stopped, None)
-        n, source, hit, moved = cells._best(prompt, [], exclude=seq)
+        n, source, hit, moved = cells._best(prompt, [], exclude=seq, shift=shift)
         assert hit is not None
         assert (hit.tokens, moved, source) == (entry, chunks, -1)
         assert n == common_prefix(entry, prompt)

@@ -68,7 +68,8 @@ class LlamaConfig:
       ``prefix_cache_dir``/``prefix_cache_disk``: where, and in how many bytes, it
       outlives the engine (``_persist.py``); ``cache_reuse``: the shortest chunk of an
       entry kept past a changed part of a new prompt, its cells moved to where the
-      prompt has it, as llama.cpp's ``--cache-reuse`` (0: off; ``_reuse.py``).
+      prompt has it, as llama.cpp's ``--cache-reuse``, for code completions only (0: off;
+      ``_reuse.py``).
     - ``kv_type`` (``KV_TYPES``) and ``flash_attn`` (``FLASH_ATTN``): the KV cache's
       element type and llama.cpp's flash attention (a q8_0 cache needs it on; with it
       greedy text is the same alone, batched, drafted or from a cached prefix; cells

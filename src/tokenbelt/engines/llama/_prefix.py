@@ -16,7 +16,9 @@ prompt is then computed in full.
 
 Past the shared prefix, an entry's chunks of at least ``shift_least`` tokens that the
 prompt holds further on keep their cells too, moved to where the prompt has them
-(``_reuse.py``): the suffix of a code completion after a keystroke. The tokens before
+(``_reuse.py``): the suffix of a code completion after a keystroke. Only code completions
+(``GenerationRequest.infill``) move cells: moved cells were computed after other text, so
+greedy text from them may differ from cold, and chat keeps its cold text. The tokens before
 such a chunk that no chunk holds (the text typed) are computed first, in a spare
 sequence id that holds the cells before them, then given to the sequence, so that its
 cells always hold the first ``n_past`` tokens of its prompt and nothing else. Only an
@@ -149,7 +151,10 @@ class PrefixCache:
         entry or a running sequence, and an entry's chunks past it, ``compute`` computing
         the tokens between them (module docstring): (how many of the prompt's first
         tokens its cells now hold, how many of those were reused: counted as hits)."""
-        n, source, entry, chunks = self._best(seq.tokens, running, exclude=seq)
+        # Only a code completion's cells move: chat and other prompts keep the greedy text
+        # they have cold (moved cells were computed after other text).
+        shift = seq.request.infill
+        n, source, entry, chunks = self._best(seq.tokens, running, exclude=seq, shift=shift)
         reused = n
         if entry is not None:
             if not self._load(entry, seq.id):
@@ -208,7 +213,7 @@ class PrefixCache:
             self.free(spare)
 
     def _best(
-        self, tokens: list[int], running: Iterable[Sequence], exclude: Sequence
+        self, tokens: list[int], running: Iterable[Sequence], exclude: Sequence, *, shift: bool
     ) -> tuple[int, int, CacheEntry | None, list[Chunk]]:
         """The most usable cached tokens: (the shared prefix, the running sequence that
         holds it or -1, the cache entry that holds it or None, that entry's chunks past
@@ -223,7 +228,7 @@ class PrefixCache:
         limit = len(tokens) - 1  # at least one prompt token must be evaluated for logits
         for entry in self.entries:
             n = min(common_prefix(entry.tokens, tokens), limit)
-            chunks = self._chunks(entry.tokens, tokens, n, limit)
+            chunks = self._chunks(entry.tokens, tokens, n, limit) if shift else []
             total = n + sum(c.n for c in chunks)
             if total > most:
                 best, most, hit, moved = n, total, entry, chunks
