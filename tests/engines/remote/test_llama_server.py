@@ -9,13 +9,13 @@ Marked ``llama_server``: run with ``TOKENBELT_LLAMA_SERVER=PATH`` or
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import plainhttp
+from engines.remote.helpers import assert_schema_and_named_call
 from engines.remote.llama_server_fixture import MODEL, llama_server_process
 from engines.remote.processes import running
 from server.conftest import CHAT, NET, RawClient, Served, ServeFactory, collect
@@ -131,44 +131,8 @@ def test_json_schema_and_tools_reach_llama_server_as_its_grammar(
     llama_server: str, serve: ServeFactory
 ) -> None:
     fr = front(serve, llama_server)
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-    }
-    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
     # Greedy, with room to end: a sampled name may run past a short limit, cut mid-string.
-    asked = body(
-        "Describe a person as JSON.",
-        max_tokens=200,
-        temperature=0.0,
-        response_format=response_format,
-    )
-    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
-    assert answer.status_code == 200, answer.text
-    person = json.loads(answer.json()["choices"][0]["message"]["content"])
-    assert isinstance(person["name"], str)
-    assert isinstance(person["age"], int)
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    asked = body(
-        "Weather in Paris?", max_tokens=200, temperature=0.0, tools=[weather], tool_choice=named
-    )
-    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
-    assert answer.status_code == 200, answer.text
-    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    assert_schema_and_named_call(fr.url, MODEL, max_tokens=200, temperature=0.0)
 
 
 def test_a_client_that_leaves_a_stream_is_released_at_llama_server(

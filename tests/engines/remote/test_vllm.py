@@ -9,7 +9,6 @@ the session's spare vLLM.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 import plainhttp
 from engines.remote import vllm_cpu
+from engines.remote.helpers import WEATHER, assert_schema_and_named_call
 from engines.remote.vllm_fixture import Vllms
 from server.conftest import CHAT, NET, RawClient, Served, ServeFactory, collect
 from tokenbelt import EndReason, InvalidArgument, Runtime, Trace, UpstreamUnavailable
@@ -111,38 +111,9 @@ def test_what_vllm_takes_passes_through_and_the_rest_is_refused(
 
 def test_json_schema_and_tools_reach_vllm_as_its_grammar(vllms: Vllms, serve: ServeFactory) -> None:
     fr = front(serve, vllms.main)
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-    }
-    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
-    asked = body("Describe a person as JSON.", max_tokens=60, response_format=response_format)
-    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
-    assert answer.status_code == 200, answer.text
-    person = json.loads(answer.json()["choices"][0]["message"]["content"])
-    assert isinstance(person["name"], str)
-    assert isinstance(person["age"], int)
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    asked = body("Weather in Paris?", max_tokens=60, tools=[weather], tool_choice=named)
-    answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
-    assert answer.status_code == 200, answer.text
-    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    assert_schema_and_named_call(fr.url, vllm_cpu.MODEL, max_tokens=60)
     # A grammar that starts at a trigger (the model chooses): vLLM has no such thing.
-    asked = body("Weather in Paris?", max_tokens=60, tools=[weather], tool_choice="auto")
+    asked = body("Weather in Paris?", max_tokens=60, tools=[WEATHER], tool_choice="auto")
     answer = plainhttp.post(fr.url + CHAT, json=asked, timeout=NET)
     assert answer.status_code == 400
     assert "tool_choice" in answer.text
