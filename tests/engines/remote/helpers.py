@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import plainhttp
-from server.conftest import CHAT, NET, Served, ServeFactory, scripted_runtime
+from server.conftest import NET, Served, ServeFactory, scripted_runtime
 from tokenbelt import Runtime, ScriptedEngine, Upstream
 
 
@@ -91,44 +90,3 @@ def silent_server() -> Iterator[SilentServer]:
         yield server
     finally:
         server.close()
-
-
-#: a tool a schema test names, for any upstream
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-PERSON = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-    "required": ["name", "age"],
-}
-
-
-def assert_schema_and_named_call(url: str, model: str, **sampling: Any) -> None:
-    """Through the front at ``url``: a ``json_schema`` reply parses as ``PERSON``, and a
-    named tool choice is a call of ``get_weather`` with a city (``sampling``: the rest of
-    each request, e.g. ``max_tokens``)."""
-
-    def ask(content: str, **extra: Any) -> dict[str, Any]:
-        request = {"model": model, "messages": [{"role": "user", "content": content}]}
-        answer = plainhttp.post(f"{url}{CHAT}", json=request | sampling | extra, timeout=NET)
-        assert answer.status_code == 200, answer.text
-        message: dict[str, Any] = answer.json()["choices"][0]["message"]
-        return message
-
-    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    person = json.loads(ask("Describe a person as JSON.", response_format=schema)["content"])
-    assert isinstance(person["name"], str)
-    assert isinstance(person["age"], int)
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    (call,) = ask("Weather in Paris?", tools=[WEATHER], tool_choice=named)["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)

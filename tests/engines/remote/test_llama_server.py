@@ -9,35 +9,32 @@ Marked ``llama_server``: run with ``TOKENBELT_LLAMA_SERVER=PATH`` or
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import plainhttp
-from engines.remote.helpers import assert_schema_and_named_call
 from engines.remote.llama_server_fixture import MODEL, llama_server_process
 from engines.remote.processes import running
-from server.conftest import CHAT, NET, RawClient, Served, ServeFactory, collect
-from tokenbelt import EndReason, InvalidArgument, Runtime, Trace
+from engines.remote.real import (
+    COUNT,
+    Real,
+    assert_schema_and_named_call,
+    cancel_then_deadline,
+    chat_body,
+    front,
+    leave_a_stream,
+    leave_unstreamed,
+)
+from server.conftest import CHAT, NET, ServeFactory, collect
+from tokenbelt import InvalidArgument
 
 # A build on first use (with TOKENBELT_LLAMA_SERVER_BUILD=1) takes minutes, once.
 pytestmark = [pytest.mark.llama_server, pytest.mark.timeout(1800)]
 
-#: a long answer (with ``ignore_eos``, 1,500 tokens): a server that did not stop is busy a while
-COUNT = "Count from 1 to 1000, one number per line."
-
-
-def front(serve: ServeFactory, *urls: str, **options: Any) -> Served:
-    """A tokenbelt server whose models are the upstreams' (``serve --upstream``)."""
-    runtime = Runtime(keep_alive=None, queue_size=8)
-    options.setdefault("health_interval", 0.5)
-    runtime.add_upstreams(list(urls), **options)
-    return serve(runtime)
-
-
-def body(content: str = "Say hi", **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+body = partial(chat_body, MODEL)
 
 
 def slots(url: str) -> list[dict[str, Any]]:
@@ -58,17 +55,8 @@ def last_params(url: str) -> dict[str, Any]:
     return params
 
 
-def assert_confirmed(served: Served, trace: Trace, reason: EndReason, url: str) -> None:
-    """The front stopped ``trace`` for ``reason`` and saw llama-server let go after it."""
-    served.assert_released(trace, reason)
-    record = trace.to_dict()
-    upstream = record["upstream"]
-    assert upstream["url"] == url
-    assert upstream["kind"] == "llama-server"
-    assert upstream["release"] == "confirmed", upstream
-    assert upstream["release_by"] == "slots"
-    stop = record["enqueued_at"] + record["timeline_ms"]["cancel_requested"] / 1000
-    assert upstream["released_at"] >= stop - 0.01
+def real(url: str) -> Real:
+    return Real(url, MODEL, "llama-server", "slots", busy)
 
 
 def test_stream_and_json_through_the_front(llama_server: str, serve: ServeFactory) -> None:
@@ -138,56 +126,19 @@ def test_json_schema_and_tools_reach_llama_server_as_its_grammar(
 def test_a_client_that_leaves_a_stream_is_released_at_llama_server(
     llama_server: str, serve: ServeFactory
 ) -> None:
-    fr = front(serve, llama_server)
-    with RawClient(fr.url) as client:
-        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500, stream=True))
-        client.read_head()
-        for _ in range(3):
-            client.read_until(b'"content"')
-        trace = fr.recorder.nth(0)
-    assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, llama_server)
-    assert busy(llama_server) == 0
+    leave_a_stream(front(serve, llama_server), real(llama_server))
 
 
 def test_a_non_streaming_client_that_leaves_is_released_at_llama_server(
     llama_server: str, serve: ServeFactory
 ) -> None:
-    fr = front(serve, llama_server)
-    with RawClient(fr.url) as client:
-        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500))
-        trace = fr.recorder.nth(0)
-        fr.recorder.wait(trace, "first_token")
-    assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, llama_server)
-    assert busy(llama_server) == 0
+    leave_unstreamed(front(serve, llama_server), real(llama_server))
 
 
 def test_a_user_cancel_and_a_deadline_are_released_at_llama_server(
     llama_server: str, serve: ServeFactory
 ) -> None:
-    fr = front(serve, llama_server)
-    with plainhttp.stream(
-        "POST",
-        fr.url + CHAT,
-        json=body(COUNT, ignore_eos=True, max_tokens=1500, stream=True),
-        timeout=NET,
-    ) as response:
-        request_id = response.headers["x-request-id"]
-        lines = response.iter_lines()
-        next(line for line in lines if '"content"' in line)
-        cancel = plainhttp.post(f"{fr.url}/v1/requests/{request_id}/cancel", timeout=NET)
-        assert cancel.json()["cancelled"] is True
-        events = collect(lines)
-    assert events[-2]["tokenbelt"]["end_reason"] == "user_cancel"
-    assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.USER_CANCEL, llama_server)
-    limited = body(
-        COUNT, ignore_eos=True, max_tokens=1500, stream=True, tokenbelt={"total_timeout": 1.0}
-    )
-    with plainhttp.stream("POST", fr.url + CHAT, json=limited, timeout=NET) as response:
-        request_id = response.headers["x-request-id"]
-        events = collect(response.iter_lines())
-    assert events[-2]["tokenbelt"]["end_reason"] == "total_timeout"
-    assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.TOTAL_TIMEOUT, llama_server)
-    assert busy(llama_server) == 0
+    cancel_then_deadline(front(serve, llama_server), real(llama_server))
 
 
 def test_a_stop_is_confirmed_while_the_other_slot_is_at_work(

@@ -10,35 +10,32 @@ the session's spare vLLM.
 from __future__ import annotations
 
 import time
-from typing import Any
+from functools import partial
 
 import pytest
 
 import plainhttp
 from engines.remote import vllm_cpu
-from engines.remote.helpers import WEATHER, assert_schema_and_named_call
+from engines.remote.real import (
+    COUNT,
+    WEATHER,
+    Real,
+    assert_schema_and_named_call,
+    cancel_then_deadline,
+    chat_body,
+    front,
+    leave_a_stream,
+    leave_unstreamed,
+)
 from engines.remote.vllm_fixture import Vllms
-from server.conftest import CHAT, NET, RawClient, Served, ServeFactory, collect
-from tokenbelt import EndReason, InvalidArgument, Runtime, Trace, UpstreamUnavailable
+from server.conftest import CHAT, NET, ServeFactory, collect
+from tokenbelt import EndReason, InvalidArgument, UpstreamUnavailable
 from tokenbelt.engines.remote._kinds import metric
 
 # The fixture's first use makes the venv (minutes, once) and starts two vLLMs.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
-#: a long answer (with ``ignore_eos``, 1,500 tokens): a vLLM that did not stop is busy a while
-COUNT = "Count from 1 to 1000, one number per line."
-
-
-def front(serve: ServeFactory, *urls: str, **options: Any) -> Served:
-    """A tokenbelt server whose models are the upstreams' (``serve --upstream``)."""
-    runtime = Runtime(keep_alive=None, queue_size=8)
-    options.setdefault("health_interval", 0.5)
-    runtime.add_upstreams(list(urls), **options)
-    return serve(runtime)
-
-
-def body(content: str = "Say hi", **extra: Any) -> dict[str, Any]:
-    return {"model": vllm_cpu.MODEL, "messages": [{"role": "user", "content": content}], **extra}
+body = partial(chat_body, vllm_cpu.MODEL)
 
 
 def busy(url: str) -> float:
@@ -49,18 +46,8 @@ def busy(url: str) -> float:
     )
 
 
-def assert_confirmed(served: Served, trace: Trace, reason: EndReason, vllm: str) -> None:
-    """The front stopped ``trace`` for ``reason`` and saw vLLM let go after the stop."""
-    served.assert_released(trace, reason)
-    record = trace.to_dict()
-    upstream = record["upstream"]
-    assert upstream["url"] == vllm
-    assert upstream["kind"] == "vllm"
-    assert upstream["release"] == "confirmed", upstream
-    assert upstream["release_by"] == "metrics"
-    stop = record["enqueued_at"] + record["timeline_ms"]["cancel_requested"] / 1000
-    assert upstream["released_at"] >= stop - 0.01
-    assert busy(vllm) == 0
+def real(url: str) -> Real:
+    return Real(url, vllm_cpu.MODEL, "vllm", "metrics", busy)
 
 
 def test_stream_and_json_through_the_front(vllms: Vllms, serve: ServeFactory) -> None:
@@ -136,53 +123,19 @@ def test_a_4xx_from_vllm_passes_through(vllms: Vllms, serve: ServeFactory) -> No
 def test_a_client_that_leaves_a_stream_is_released_at_vllm(
     vllms: Vllms, serve: ServeFactory
 ) -> None:
-    fr = front(serve, vllms.main)
-    with RawClient(fr.url) as client:
-        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500, stream=True))
-        client.read_head()
-        for _ in range(3):
-            client.read_until(b'"content"')
-        trace = fr.recorder.nth(0)
-    assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, vllms.main)
+    leave_a_stream(front(serve, vllms.main), real(vllms.main))
 
 
 def test_a_non_streaming_client_that_leaves_is_released_at_vllm(
     vllms: Vllms, serve: ServeFactory
 ) -> None:
-    fr = front(serve, vllms.main)
-    with RawClient(fr.url) as client:
-        client.send(CHAT, body(COUNT, ignore_eos=True, max_tokens=1500))
-        trace = fr.recorder.nth(0)
-        fr.recorder.wait(trace, "first_token")
-    assert_confirmed(fr, trace, EndReason.CLIENT_DISCONNECT, vllms.main)
+    leave_unstreamed(front(serve, vllms.main), real(vllms.main))
 
 
 def test_a_user_cancel_and_a_deadline_are_released_at_vllm(
     vllms: Vllms, serve: ServeFactory
 ) -> None:
-    fr = front(serve, vllms.main)
-    with plainhttp.stream(
-        "POST",
-        fr.url + CHAT,
-        json=body(COUNT, ignore_eos=True, max_tokens=1500, stream=True),
-        timeout=NET,
-    ) as response:
-        request_id = response.headers["x-request-id"]
-        lines = response.iter_lines()
-        next(line for line in lines if '"content"' in line)
-        cancel = plainhttp.post(f"{fr.url}/v1/requests/{request_id}/cancel", timeout=NET)
-        assert cancel.json()["cancelled"] is True
-        events = collect(lines)
-    assert events[-2]["tokenbelt"]["end_reason"] == "user_cancel"
-    assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.USER_CANCEL, vllms.main)
-    limited = body(
-        COUNT, ignore_eos=True, max_tokens=1500, stream=True, tokenbelt={"total_timeout": 1.0}
-    )
-    with plainhttp.stream("POST", fr.url + CHAT, json=limited, timeout=NET) as response:
-        request_id = response.headers["x-request-id"]
-        events = collect(response.iter_lines())
-    assert events[-2]["tokenbelt"]["end_reason"] == "total_timeout"
-    assert_confirmed(fr, fr.recorder.by_id(request_id), EndReason.TOTAL_TIMEOUT, vllms.main)
+    cancel_then_deadline(front(serve, vllms.main), real(vllms.main))
 
 
 def test_two_vllms_behind_one_model(vllms: Vllms, serve: ServeFactory) -> None:
