@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,20 @@ KEYS = {
 }
 #: RSS the process may keep after unloading (allocator caches, thread pools)
 RSS_TOLERANCE_MB = 64.0
+
+
+def assert_drafting_reported(report: dict[str, Any]) -> None:
+    """The copying reply drafted by itself (no setting), and the report says whether that
+    pays here from the rates it measured, with the row costs the engine measured."""
+    assert report["draft_off_tok_s"] > 0
+    assert report["draft_tok_s"] > 0
+    assert report["draft_decision"] == "on"
+    speedup = report["draft_tok_s"] / report["draft_off_tok_s"]
+    assert report["draft_speedup"] == pytest.approx(speedup, abs=0.02)
+    assert report["draft_pays"] is (report["draft_speedup"] >= 1.05)
+    costs = report["draft_row_costs"]
+    assert costs, report
+    assert all(int(n) > 1 and cost > 0 for n, cost in costs.items()), costs
 
 
 @pytest.mark.model
@@ -55,6 +70,7 @@ def test_probe_json_on_the_default_model(tmp_path: Path) -> None:
     assert report["ttft_ms"] > 0
     assert report["decode_tok_s"] > 0
     assert report["reply"]
+    assert_drafting_reported(report)
     # the prefill cancel landed inside a ~2000-token prefill and released promptly
     assert report["prefill_prompt_tokens"] >= 2000
     assert report["cancel_prefill_landed"] == "prefill"
@@ -82,6 +98,7 @@ def test_probe_in_a_worker_process_reports_the_worker_memory_returned(tmp_path: 
     assert report["ok"] is True
     assert report["isolation"] == "process"
     assert report["reply"]
+    assert_drafting_reported(report)
     assert report["cancel_prefill_landed"] == "prefill"
     for key in ("cancel_release_prefill_ms", "cancel_release_decode_ms"):
         assert 0 <= report[key] < 1000, key

@@ -1,6 +1,6 @@
 """Prompt-lookup drafting: the same text, counted in the trace, stoppable, self-limiting.
 
-One runtime (drafting off by default, asked per request) serves the module, prefix
+One runtime (drafting on by default: it decides for itself) serves the module, prefix
 cache off so every prompt is computed the same way. The repetitive prompt makes the
 model copy a pattern, which a lookup drafts well; the story does not repeat.
 """
@@ -88,10 +88,37 @@ def test_a_cancel_with_a_draft_in_flight_ends_user_cancel_and_frees_it(model: Mo
 
 
 def test_drafting_turns_itself_off_on_free_text(model: Model) -> None:
-    reply = model.complete(STORY, max_tokens=160, draft="lookup", temperature=0.8, seed=3)
+    reply = model.complete(STORY, max_tokens=160, temperature=0.8, seed=3)
     t = reply.trace
     # Off until a shadow draft shows it pays: a few verified drafts at most, not one a step.
     assert t.draft_tokens <= t.completion_tokens // 4, t.to_dict()
+    assert t.draft_decision in ("on", "no_gain", "nothing_to_copy")
+    if t.draft_tokens == 0:
+        assert t.draft_decision != "on"
+
+
+def test_with_no_setting_a_copying_reply_drafts_and_says_why(model: Model) -> None:
+    before = model.engines[0].statistics()
+    assert isinstance(before, BatchStatistics)
+    reply = model.complete(REPEAT, max_tokens=64, **GREEDY)
+    assert reply.trace.draft_tokens > 0
+    assert reply.trace.draft_decision == "on"
+    asked_off = model.complete(REPEAT, max_tokens=8, draft="off", **GREEDY)
+    assert asked_off.trace.draft_decision == "asked_off"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    constrained = model.complete(REPEAT, max_tokens=16, schema=schema, **GREEDY)
+    assert constrained.trace.draft_decision == "constrained"
+    assert constrained.trace.draft_tokens == 0
+    after = model.engines[0].statistics()
+    assert isinstance(after, BatchStatistics)
+    grew = {k: after.draft_decisions[k] - before.draft_decisions.get(k, 0) for k in ("on",)}
+    assert grew["on"] >= 1
+    assert after.draft_decisions["asked_off"] >= 1
+    assert after.draft_decisions["constrained"] >= 1
+    # The row costs drafting weighed, measured on this machine by the steps it ran.
+    costs = after.row_costs()
+    assert costs, after.step_costs
+    assert all(c > 0 for c in costs.values()), costs
 
 
 def test_a_bad_draft_mode_is_refused() -> None:

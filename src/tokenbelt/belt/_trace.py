@@ -103,6 +103,9 @@ class Trace:
         #: sampler accepted: each accepted one is a token that cost no step of its own
         self.draft_tokens = 0
         self.accepted_draft_tokens = 0
+        #: why drafting was on or off for the request (``DRAFT_DECISIONS``; None: an
+        #: engine that does not draft)
+        self.draft_decision: str | None = None
         self.buffer_peak = 0
         self.release_lagged = False
         #: ids of other requests that shared a batched decode step with this one
@@ -423,6 +426,7 @@ class Trace:
             "tokens_after_stop": self.tokens_after_stop,
             "draft_tokens": self.draft_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
+            "draft_decision": self.draft_decision,
             "buffer_peak": self.buffer_peak,
             "end_reason": None if self.end_reason is None else self.end_reason.value,
             "stop_sequence": self.stop_sequence,

@@ -157,10 +157,12 @@ class Producer(Generic[T]):
         """``tokens`` of the prompt are in the KV cache so far (the prefill's progress)."""
         self._belt.trace.prompt_read = tokens
 
-    def count_draft(self, drafted: int, accepted: int) -> None:
-        """The request's drafting totals: tokens drafted and verified, tokens accepted."""
+    def count_draft(self, drafted: int, accepted: int, decision: str) -> None:
+        """The request's drafting totals: tokens drafted and verified, tokens accepted,
+        and why drafting was on or off for it."""
         trace = self._belt.trace
         trace.draft_tokens, trace.accepted_draft_tokens = drafted, accepted
+        trace.draft_decision = decision
 
     def note_reasoning(self, tokens: int, ended_by: str | None = None) -> None:
         """A thinking model's reasoning phase: started (first call), its token count, and

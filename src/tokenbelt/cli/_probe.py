@@ -20,6 +20,11 @@ _ROWS = (
     ("decode_tok_s", "decode", "tok/s"),
     ("threads", "threads used for decode", ""),
     ("reply", "reply", ""),
+    ("draft_off_tok_s", "copying reply, drafting off", "tok/s"),
+    ("draft_tok_s", "copying reply, drafting left to decide", "tok/s"),
+    ("draft_decision", "drafting decided", ""),
+    ("draft_pays", "drafting pays here", ""),
+    ("draft_row_costs", "a step of n tokens over one", ""),
     ("prefill_prompt_tokens", "prefill prompt", "tokens"),
     ("cancel_release_prefill_ms", "cancel in prefill -> released", "ms"),
     ("cancel_release_decode_ms", "cancel in decode -> released", "ms"),
@@ -43,6 +48,8 @@ def _print_report(report: ProbeReport) -> None:
         value = data.get(key)
         if value is None:
             continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{n}: {cost}x" for n, cost in value.items()) or "none timed"
         table.add_row(label, f"{value} {unit}".strip())
     if report.cancel_prefill_landed == "decode":
         table.add_row("note", "the prefill finished before the cancel; it landed in decode")

@@ -225,12 +225,14 @@ def _add_context_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft",
         choices=DRAFT_MODES,
-        default="off",
+        default="lookup",
         metavar="MODE",
         help="prompt-lookup drafting for requests that do not choose (tokenbelt.draft): "
         "lookup verifies tokens taken from the request's own earlier text in one step, "
-        "which speeds up replies that copy it (edits, quotes, code) and turns itself off "
-        "per request where it does not pay; the text is the same either way (default off)",
+        "which speeds up replies that copy it (edits, quotes, code), where this model's "
+        "measured row costs and the request's measured acceptance say it pays, and "
+        "nowhere else; off never drafts. Greedy text is the same either way with a q8_0 KV "
+        "cache (default lookup)",
     )
 
 

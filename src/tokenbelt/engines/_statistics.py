@@ -53,6 +53,21 @@ class BatchStatistics(EngineStatistics):
     #: prompt-lookup draft tokens verified in steps, and those the samplers accepted
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    #: requests by why drafting was on or off for them (``on``, ``no_gain``,
+    #: ``nothing_to_copy``, ``constrained``, ``asked_off``)
+    draft_decisions: dict[str, int] = field(default_factory=dict)
+    #: seconds a step of n tokens took here, as the engine plans by them (a moving
+    #: average per size, up to 64 tokens): one row against several is what drafting
+    #: weighs (``row_costs``)
+    step_costs: dict[int, float] = field(default_factory=dict)
+
+    def row_costs(self, most: int = 17) -> dict[int, float]:
+        """What a step of n tokens costs over a step of one, for each n timed up to
+        ``most`` (empty until a one-token step ran)."""
+        one = self.step_costs.get(1)
+        if not one:
+            return {}
+        return {n: s / one for n, s in sorted(self.step_costs.items()) if 1 < n <= most}
 
     @property
     def sequences_per_step(self) -> float:

@@ -2,7 +2,9 @@
 
 Steps, in order: ``resolve`` (catalog, device, fetch), ``verify`` (size, sha256),
 ``load`` (under ``load_timeout``), ``stream`` (a short reply: time to first token,
-decode rate), ``cancel_prefill`` (a stop inside a ~2000-token prefill),
+decode rate), ``draft`` (whether prompt-lookup drafting pays here: a reply that copies
+its prompt, drafting asked off and then left to decide, and the row costs the engine
+measured), ``cancel_prefill`` (a stop inside a ~2000-token prefill),
 ``cancel_decode`` (a stop while tokens stream), ``unload`` (process RSS returned; with
 ``isolation="process"`` the model runs in a worker process, and unloading ends it: the
 report has the worker's RSS loaded and after unload).
@@ -31,7 +33,13 @@ from .._errors import (
     UnknownModel,
 )
 from ..belt import Belt, EndReason
-from ..engines import BatchEngine, GenerationRequest, SamplingParams, WorkerEngine
+from ..engines import (
+    BatchEngine,
+    BatchStatistics,
+    GenerationRequest,
+    SamplingParams,
+    WorkerEngine,
+)
 from ._cache import ModelCache
 from ._catalog import Catalog
 from ._device import DeviceInfo, detect_device
@@ -47,6 +55,9 @@ _INTO_PREFILL_S = 0.05
 _Engine = BatchEngine | WorkerEngine
 _FILLER = "The conveyor belt carries small plates of sushi past the guests at the counter. "
 _COUNTING = "The numbers from one to one thousand, in order: 1, 2, 3, 4, 5, 6, 7, 8,"
+_COPY = "Repeat this line four times, nothing else:\n" + ", ".join(map(str, range(1, 21)))
+#: drafting pays where the copying reply decodes at least this much faster with it
+DRAFT_PAYS = 1.05
 
 
 @dataclass
@@ -68,6 +79,17 @@ class ProbeReport:
     #: llama.cpp threads the engine used for the decode (the adaptive choice, or the fixed one)
     threads: int | None = None
     reply: str | None = None
+    #: a reply that copies its prompt: decode rate with drafting asked off and with the
+    #: engine's default (drafting decides for itself), their ratio, what it decided, and
+    #: whether it pays here (decided on, and at least ``DRAFT_PAYS`` times faster)
+    draft_off_tok_s: float | None = None
+    draft_tok_s: float | None = None
+    draft_speedup: float | None = None
+    draft_decision: str | None = None
+    draft_pays: bool | None = None
+    #: what a step of n tokens cost over a step of one, as the engine measured it
+    #: (drafting verifies a draft as extra rows of a step; n as a string, for JSON)
+    draft_row_costs: dict[str, float] | None = None
     prefill_prompt_tokens: int | None = None
     cancel_release_prefill_ms: float | None = None
     #: where the prefill cancel landed: "prefill" (as meant) or "decode" (prefill was faster)
@@ -134,6 +156,11 @@ def _run(
         raise _StepFailed(step, belt.trace.error or "the engine failed", "see the error above")
 
 
+def _read_all(belt: Belt[str]) -> None:
+    for _piece in belt:
+        pass
+
+
 class _Probe:
     def __init__(self, report: ProbeReport) -> None:
         self.report = report
@@ -153,6 +180,32 @@ class _Probe:
         r.ttft_ms = _ms(belt.trace.time_to_first_token)
         rate = belt.trace.decode_rate
         r.decode_tok_s = None if rate is None else round(rate, 1)
+
+    def draft(self, engine: _Engine) -> None:
+        """The copying reply twice: drafting asked off, then the engine's default."""
+        rates: list[float] = []
+        decision = None
+        for mode in ("off", None):
+            request = GenerationRequest(
+                messages=({"role": "user", "content": _COPY},),
+                sampling=SamplingParams(max_tokens=96, temperature=0.0),
+                draft=mode,
+            )
+            belt: Belt[str] = Belt(64)  # room for a whole draft in a step
+            _run(engine, request, belt, _read_all, "draft")
+            rate = belt.trace.decode_rate
+            if rate is None:
+                raise _StepFailed("draft", "the copying reply was too short to time", "run again")
+            rates.append(rate)
+            decision = belt.trace.draft_decision
+        r = self.report
+        r.draft_off_tok_s, r.draft_tok_s = round(rates[0], 1), round(rates[1], 1)
+        r.draft_speedup = round(rates[1] / rates[0], 2)
+        r.draft_decision = decision
+        r.draft_pays = decision == "on" and r.draft_speedup >= DRAFT_PAYS
+        stats = engine.statistics()
+        costs = stats.row_costs() if isinstance(stats, BatchStatistics) else {}
+        r.draft_row_costs = {str(n): round(c, 2) for n, c in costs.items()}
 
     def long_prompt(self, engine: _Engine) -> GenerationRequest:
         per = len(engine.tokenize_request(GenerationRequest(prompt=_FILLER)))
@@ -311,6 +364,7 @@ def run_probe(
         loaded = engine
         _timed(report, "stream", engine_hint, lambda: probe.stream(loaded))
         report.threads = loaded.threads
+        _timed(report, "draft", engine_hint, lambda: probe.draft(loaded))
         _timed(report, "cancel_prefill", engine_hint, lambda: probe.cancel_prefill(loaded))
         _timed(report, "cancel_decode", engine_hint, lambda: probe.cancel_decode(loaded))
         rss_loaded = _rss()

@@ -11,7 +11,7 @@ import pytest
 
 from tokenbelt import GenerationRequest, SamplingParams
 from tokenbelt.belt import Belt, EndReason
-from tokenbelt.engines.llama._draft import Lookup
+from tokenbelt.engines.llama._draft import BANDS, Lookup
 from tokenbelt.engines.llama._plan import (
     FIRST_SHARED_TOKENS,
     MAX_CREDIT_S,
@@ -69,11 +69,12 @@ def fill(seq: Sequence) -> None:
 
 
 def drafting(seq: Sequence) -> Sequence:
-    """Prompt-lookup drafting on, with an acceptance rate near 1."""
+    """Prompt-lookup drafting on, with an acceptance rate near 1 in every band."""
     seq.lookup = Lookup()
-    for _ in range(20):
-        seq.lookup.observe(8, False)
-    assert seq.lookup.rate > 0.99
+    for band in range(len(BANDS)):
+        for _ in range(20):
+            seq.lookup.observe(8, False, band)
+        assert seq.lookup.rate_of(band) > 0.99
     return seq
 
 

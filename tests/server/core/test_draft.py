@@ -1,8 +1,8 @@
-"""``tokenbelt serve --draft lookup``: drafting through the CLI, the worker pipe and HTTP.
+"""``tokenbelt serve``: drafting by default, through the worker pipe and HTTP.
 
 A real ``tokenbelt serve`` process with the real default model in a worker process (the
-option crosses the pipe in ``Load``, the counts come back with ``Release``); the request
-asks for drafting or none with ``tokenbelt.draft``.
+counts and the decision come back with ``Release``); drafting is on by default (it
+decides for itself where it pays) and a request turns it off with ``tokenbelt.draft``.
 """
 
 from __future__ import annotations
@@ -30,17 +30,19 @@ def chat(url: str, **tokenbelt: Any) -> httpx.Response:
 
 
 def test_drafting_over_http_in_a_worker_process(tmp_path: Path) -> None:
-    extra = ("--draft", "lookup", "--isolation", "process", "--prefix-cache-disk", "0")
+    extra = ("--isolation", "process", "--prefix-cache-disk", "0")
     with serve_default_model(tmp_path, 90.0, extra) as url:
-        drafted = chat(url, capacity=32)
+        drafted = chat(url, capacity=32)  # no setting: the default drafts where it pays
         assert drafted.status_code == 200, drafted.text
         trace = drafted.json()["tokenbelt"]["trace"]
         assert trace["draft_tokens"] > 0
         assert 0 < trace["accepted_draft_tokens"] <= trace["draft_tokens"]
+        assert trace["draft_decision"] == "on"
 
         plain = chat(url, capacity=32, draft="off")
         assert plain.status_code == 200, plain.text
         assert plain.json()["tokenbelt"]["trace"]["draft_tokens"] == 0
+        assert plain.json()["tokenbelt"]["trace"]["draft_decision"] == "asked_off"
         text = drafted.json()["choices"][0]["message"]["content"]
         assert plain.json()["choices"][0]["message"]["content"] == text
 
@@ -53,3 +55,13 @@ def test_drafting_over_http_in_a_worker_process(tmp_path: Path) -> None:
         metrics = plainhttp.get(f"{url}/metrics", timeout=NET).text
         assert "tokenbelt_batch_draft_tokens_total" in metrics
         assert "tokenbelt_batch_draft_accepted_tokens_total" in metrics
+        assert 'tokenbelt_draft_requests_total{decision="on",model=' in metrics
+        assert 'tokenbelt_draft_requests_total{decision="asked_off",model=' in metrics
+        # The row costs drafting weighed: a step of 2 or more tokens over one of one.
+        costs = [
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("tokenbelt_draft_row_cost{")
+        ]
+        assert costs, metrics
+        assert all(c > 0 for c in costs), costs

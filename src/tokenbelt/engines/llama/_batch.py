@@ -558,8 +558,8 @@ class BatchEngine:
             restored_tokens=cells.restored[1],
             saved_entries=cells.saved[0],
             saved_bytes=cells.saved[1],
-            draft_tokens=self._running.drafted,
-            accepted_draft_tokens=self._running.accepted,
+            step_costs=dict(self._costs.steps),
+            **self._running.draft_counts(),
         )
 
     def _drain(self, error: BaseException | None) -> None:

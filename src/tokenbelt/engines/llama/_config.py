@@ -80,7 +80,9 @@ class LlamaConfig:
       one text, markers and all); ``pooling``: an embedding model's pooling (None: the
       file's own).
     - ``draft`` (``DRAFT_MODES``) and ``draft_tokens``: prompt-lookup drafting for
-      requests that do not choose, and the longest draft verified in a step.
+      requests that do not choose (``lookup``: where the measured row costs and each
+      request's acceptance say it pays, ``_draft.py``), and the longest draft verified
+      in a step.
     - ``name``: the model's name in logs, traces and thread names (None: the file's).
 
     Raises ``InvalidArgument`` naming the first field out of its range.
@@ -105,7 +107,7 @@ class LlamaConfig:
     pooling: str | None = None
     prefix_cache_dir: Path | None = None
     prefix_cache_disk: int = DEFAULT_PREFIX_CACHE_DISK
-    draft: str = "off"
+    draft: str = "lookup"
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
     decode_nice: int = DEFAULT_DECODE_NICE
     name: str | None = field(default=None, compare=False)

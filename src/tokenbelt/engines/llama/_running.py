@@ -23,7 +23,7 @@ from typing import Any
 from ..._errors import Cancelled, DecodeError
 from ...belt import DeadlineTimer, EndReason
 from ._config import LlamaConfig
-from ._draft import Lookup
+from ._draft import DECISIONS, Lookup
 from ._grammar import GrammarSampler
 from ._inflight import StepInFlight
 from ._plan import Plan, StepPlan, follows, retiring
@@ -93,6 +93,8 @@ class Running:
         self.sampling: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         self.drafted = 0
         self.accepted = 0
+        #: requests by why drafting was on or off for them (``DECISIONS``)
+        self.decisions = dict.fromkeys(DECISIONS, 0)
         self._last_peers: list[Sequence] = []
 
     def step(self) -> int:
@@ -325,6 +327,22 @@ class Running:
             seq.producer.finish(reason)
         self.retire(seq, cache=reason.is_natural)
 
+    def draft_counts(self) -> dict[str, Any]:
+        """Drafting's counters, as ``BatchStatistics`` names them."""
+        return {
+            "draft_tokens": self.drafted,
+            "accepted_draft_tokens": self.accepted,
+            "draft_decisions": dict(self.decisions),
+        }
+
+    def _draft_decision(self, seq: Sequence) -> str:
+        """Why drafting was on or off for ``seq`` (``_draft.DECISIONS``)."""
+        if seq.lookup is not None:
+            return seq.lookup.decision()
+        if (seq.request.draft or self._config.draft) != "lookup":
+            return "asked_off"
+        return "constrained"
+
     def retire(self, seq: Sequence, *, cache: bool) -> None:
         """Run the sequence's exit hook and release it, then copy its cells into the
         prefix cache (when it is cached) and free them. The copy comes after the
@@ -333,6 +351,12 @@ class Running:
         runs on this thread meanwhile: the cells are still whole when they are copied."""
         if seq in self.active:
             self.active.remove(seq)
+        if seq.id >= 0:  # admitted: its drafting was decided (before its grammar goes)
+            decision = self._draft_decision(seq)
+            self.decisions[decision] += 1
+            lookup = seq.lookup
+            drafted, accepted = (0, 0) if lookup is None else (lookup.drafted, lookup.accepted)
+            seq.producer.count_draft(drafted, accepted, decision)
         if seq.sampler is not None:
             self._words.free(seq.sampler)
             seq.sampler = None
@@ -341,8 +365,6 @@ class Running:
             seq.grammar = None
         seq.close_phases()
         seq.think_until = seq.think_timer = None
-        if seq.lookup is not None:
-            seq.producer.count_draft(seq.lookup.drafted, seq.lookup.accepted)
         if seq.draft or seq.lookup is not None:
             self._drop_draft(seq)  # a cache entry holds its verified tokens only
         held, seq.id = seq.id, -1

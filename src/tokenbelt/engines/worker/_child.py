@@ -291,7 +291,15 @@ class _Forward(Producer[Any]):
         with self._cond:  # a cancel sends no count: the tokens sampled since go here
             tokens, self._tokens = self._tokens, 0
         self._link.send(
-            Release(self.rid, peers, stats, t.draft_tokens, t.accepted_draft_tokens, tokens)
+            Release(
+                self.rid,
+                peers,
+                stats,
+                t.draft_tokens,
+                t.accepted_draft_tokens,
+                tokens,
+                t.draft_decision,
+            )
         )
 
     def count_prompt(self, tokens: int) -> None:
@@ -305,9 +313,10 @@ class _Forward(Producer[Any]):
     def count_read(self, tokens: int) -> None:
         self._link.send(Read(self.rid, tokens))
 
-    def count_draft(self, drafted: int, accepted: int) -> None:
+    def count_draft(self, drafted: int, accepted: int, decision: str) -> None:
         # Sent with the release: the engine counts them once, as it lets go.
         self._trace.draft_tokens, self._trace.accepted_draft_tokens = drafted, accepted
+        self._trace.draft_decision = decision
 
     def note_reasoning(self, tokens: int, ended_by: str | None = None) -> None:
         self._link.send(Reasoning(self.rid, time.monotonic(), tokens, ended_by))

@@ -93,10 +93,11 @@ class Job:
                 p.fail(DecodeError(error))
             case msg.Cancel(_, reason):
                 p.cancel(reason)
-            case msg.Release(_, batched_with, _, drafted, accepted, tokens):
+            case msg.Release(_, batched_with, _, drafted, accepted, tokens, decision):
                 _count_tokens(p, tokens)
                 p.trace.batched_with.update(batched_with)
-                p.count_draft(drafted, accepted)
+                if decision is not None:
+                    p.count_draft(drafted, accepted, decision)
         return False
 
     def unsent(self) -> None:

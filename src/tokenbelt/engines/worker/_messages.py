@@ -199,6 +199,8 @@ class Release:
     accepted_draft_tokens: int = 0
     #: tokens generated that no item, finish or failure carried (a cancel's last ones)
     tokens: int = 0
+    #: why drafting was on or off for the request
+    draft_decision: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

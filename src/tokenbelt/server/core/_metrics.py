@@ -425,12 +425,39 @@ def _batch_families(
     for model, b in batches.items():
         threads.add_metric([model], b.threads)
     yield threads
+    yield from _draft_families(batches)
     if invariants.enabled:
         yield CounterMetricFamily(
             "tokenbelt_invariant_violations",
             "Timeline invariants broken (checked with --check-invariants).",
             value=invariants.count(),
         )
+
+
+def _draft_families(
+    batches: dict[str, BatchStatistics],
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Why drafting was on or off, per request, and the row costs it weighs."""
+    decisions = CounterMetricFamily(
+        "tokenbelt_draft_requests",
+        "Requests by why prompt-lookup drafting was on or off for them: on (drafts "
+        "verified), no_gain (drafts found, but their measured acceptance never paid the "
+        "rows), nothing_to_copy, constrained (a grammar or a thinking phase), asked_off.",
+        labels=["model", "decision"],
+    )
+    rows = GaugeMetricFamily(
+        "tokenbelt_draft_row_cost",
+        "What a step of this many tokens costs over a one-token step, as measured here "
+        "(drafting verifies a draft's tokens as extra rows of a step).",
+        labels=["model", "rows"],
+    )
+    for model, b in batches.items():
+        for decision, count in sorted(b.draft_decisions.items()):
+            decisions.add_metric([model, decision], count)
+        for n, cost in b.row_costs().items():
+            rows.add_metric([model, str(n)], round(cost, 3))
+    yield decisions
+    yield rows
 
 
 def _upstream_families(
