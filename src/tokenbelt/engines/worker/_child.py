@@ -72,7 +72,10 @@ class _Link:
 
     While the engine samples a step (``held``), what its loop sends waits and goes as one
     ``Step`` frame at the step's end; a message another thread sends meanwhile first
-    writes what waits, so the order of the sends is the order on the pipe.
+    writes what waits, so the order of the sends is the order on the pipe. A request's
+    admission is held the same way (its start with its prompt's count, then what the
+    prefix cache held): each frame is a write here and a wake-up of the parent's reader,
+    and a first token after a cache hit took six of them, three now.
     """
 
     def __init__(self, conn: Connection) -> None:
