@@ -55,6 +55,7 @@ from ._messages import (
     ToWorker,
     decode,
     encode,
+    input_waiter,
     step_of,
 )
 
@@ -374,8 +375,12 @@ class _Worker:
     def serve(self) -> None:
         """Handle the parent's messages until ``close`` or the end of the pipe."""
         conn = self.link.conn
+        # Not woken each time the parent takes a frame the engine's loop wrote, once a
+        # token, on the cores llama.cpp's threads use (``input_waiter``).
+        wait = input_waiter(conn)
         while True:
             try:
+                wait()
                 message = cast(ToWorker, decode(conn.recv()))
             except (EOFError, OSError):
                 return
