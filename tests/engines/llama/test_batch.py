@@ -8,6 +8,7 @@ scheduler hands it over; the test reads (or does not read) the belt itself.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -365,3 +366,62 @@ def test_the_thread_count_is_given_to_llama_cpp_only_when_it_changes(
     assert all(a != b for a, b in itertools.pairwise(calls))  # only changes
     assert len(lib.set_calls) <= 2 + 2 * steps // 16  # exploring: there and back
     assert engine._lib.llama_n_threads(engine._ctx.ctx) == engine.threads
+
+
+def test_a_requests_start_and_its_first_token_go_out_in_few_groups() -> None:
+    """What the loop sends to a request comes in ``around_sampling`` groups (a worker
+    writes each group as one frame, a wake-up of its parent's reader): the start with
+    the prompt's count, what the prefix cache held with its read count, and the last
+    prompt step's read count with the first token."""
+    from tokenbelt.belt import Producer
+
+    group: list[int | None] = [None]
+    opened = itertools.count(1)
+    log: list[tuple[str, int | None]] = []
+
+    @contextlib.contextmanager
+    def wrap() -> Iterator[None]:
+        group[0] = next(opened)
+        try:
+            yield
+        finally:
+            group[0] = None
+
+    class Recorded(Producer[str]):
+        __slots__ = ()
+
+        def start(self) -> None:
+            log.append(("start", group[0]))
+            super().start()
+
+        def count_prompt(self, tokens: int) -> None:
+            log.append(("prompt", group[0]))
+            super().count_prompt(tokens)
+
+        def count_cached(self, tokens: int) -> None:
+            log.append(("cached", group[0]))
+            super().count_cached(tokens)
+
+        def count_read(self, tokens: int) -> None:
+            log.append(("read", group[0]))
+            super().count_read(tokens)
+
+        def put_nowait(self, item: str) -> None:
+            log.append(("put", group[0]))
+            super().put_nowait(item)
+
+    fresh = BatchEngine(default_model_path(), slots=1, n_ctx=512)
+    try:
+        fresh.around_sampling(wrap)
+        belt: Belt[str] = Belt(8)
+        fresh.start(GenerationRequest.chat(SEA, greedy(2)), Recorded(belt))
+        "".join(belt)
+        assert belt.wait_released(NET)
+    finally:
+        fresh.close()
+    first_put = [name for name, _ in log].index("put")
+    before = log[: first_put + 1]
+    assert [name for name, _ in before] == ["start", "prompt", "cached", "read", "read", "put"]
+    groups = [g for _, g in before]
+    assert None not in groups, log
+    assert groups[0] == groups[1] != groups[2] == groups[3] != groups[4] == groups[5]

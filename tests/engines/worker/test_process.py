@@ -10,7 +10,9 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
+
+import pytest
 
 from tokenbelt.belt import EndReason
 from tokenbelt.engines import GenerationRequest
@@ -165,3 +167,76 @@ def test_tokens_sampled_after_a_cancel_reach_the_parent_with_the_release() -> No
     finally:
         ours.close()
         theirs.close()
+
+
+def _switches(tid: int) -> int:
+    """How often thread ``tid`` of this process went to sleep (Linux's count)."""
+    with open(f"/proc/self/task/{tid}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def _wakes_while(tid: list[int], far: Connection, write: Any, n: int = 200) -> int:
+    """How often the waiting thread ``tid[0]`` woke while ``n`` frames written by
+    ``write()`` were taken one at a time at the far end (nothing arrives for it)."""
+    deadline = time.monotonic() + 5
+    while not tid and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)  # asleep, waiting for input
+    before = _switches(tid[0])
+    for _ in range(n):
+        write()
+        far.recv()
+    return _switches(tid[0]) - before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's switch counts")
+def test_the_readers_sleep_through_the_far_end_taking_their_writes() -> None:
+    """A thread blocked reading a Unix socket is woken each time the far end takes
+    something written on that socket (room to write again): the worker's reader was,
+    once a token, on the cores llama.cpp's threads use, and the parent's for each
+    credit. Both wait for input in ``poll``, which wakes only for input."""
+    import socket
+
+    from tokenbelt.engines.worker import _messages as m
+    from tokenbelt.engines.worker._child import _Link, _Worker
+
+    ours, theirs = socket.socketpair()
+    link = _Link(Connection(theirs.detach()))
+    far = Connection(ours.detach())
+    tid: list[int] = []
+
+    def serve() -> None:
+        tid.append(threading.get_native_id())
+        _Worker(link, cast(Any, None), None).serve()
+
+    worker = threading.Thread(target=serve)
+    worker.start()
+    try:
+        wakes = _wakes_while(tid, far, lambda: link.send(m.Item(1, " a", 1)))
+        far.send(m.encode(m.Close()))
+        worker.join(5)
+        assert wakes < 20, f"the worker's reader woke {wakes} times for 200 frames"
+    finally:
+        link.conn.close()
+        far.close()
+
+    w, far = _pipe()
+    tid.clear()
+
+    def read() -> None:
+        tid.append(threading.get_native_id())
+        w.read(lambda message: None)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        wakes = _wakes_while(tid, far, lambda: w.post(Credit(1, 4)))
+        far.close()
+        reader.join(5)
+        assert wakes < 20, f"the parent's reader woke {wakes} times for 200 credits"
+    finally:
+        w.close_pipe()
+        far.close()

@@ -437,8 +437,8 @@ class BatchEngine:
             self._cond.notify()
 
     def around_sampling(self, wrap: Callable[[], AbstractContextManager[None]]) -> None:
-        """Sample every step inside ``wrap()`` (set before the first request): what the
-        step's sampling puts, ends and releases happens inside it."""
+        """Each step's sampling and progress counts, and each admission's counts, run
+        inside a ``wrap()`` of their own (set before the first request; ``Running``)."""
         self._running.sampling = wrap
 
     def _room(self) -> None:

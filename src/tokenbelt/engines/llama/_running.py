@@ -89,7 +89,9 @@ class Running:
         self._wake = wake
         #: in admission order; a sequence leaves at its retirement
         self.active: list[Sequence] = []
-        #: wraps the sampling of each step (a worker sends a step's output as one frame)
+        #: wraps what goes to the producers together: a step's sampling (with the
+        #: prefill's progress the step made), a request's start and prompt count, what
+        #: the prefix cache held for it (a worker sends each as one frame)
         self.sampling: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         self.drafted = 0
         self.accepted = 0
@@ -162,8 +164,10 @@ class Running:
     def admit(self, seq: Sequence) -> None:
         """Tokenize, find a cached prefix, take a sequence id, build the sampler; or wait
         a step while a sequence ahead computes the prompt this one shares."""
-        if not seq.prepared and not self._prepare(seq):
-            return
+        if not seq.prepared:
+            with self.sampling():  # its start and its prompt's count: one frame
+                if not self._prepare(seq):
+                    return
         cells = self._cells
         if cells.on and seq.request.reuse_prefix and follows(seq, self.active):
             return
@@ -187,8 +191,9 @@ class Running:
         held, reused = cells.reuse(seq, self.active, lambda *gap: self._gap(seq, *gap))
         if held > 0:
             seq.n_past = held
-            seq.producer.count_cached(reused)
-            seq.producer.count_read(held)
+            with self.sampling():
+                seq.producer.count_cached(reused)
+                seq.producer.count_read(held)
 
     def _gap(self, seq: Sequence, tokens: list[int], start: int, seq_id: int) -> bool:
         """Compute the tokens between the chunks a shifted reuse keeps for ``seq``
@@ -220,13 +225,15 @@ class Running:
         if ret != 0:
             self._recover(rows, ret)
             return
-        for seq, k, _ in rows:
-            seq.n_past += k - len(seq.draft)  # a draft's cells count once verified
-            if seq.n_past <= seq.n_prompt:
-                seq.producer.count_read(seq.n_past)  # the prefill's progress
         if len(rows) > 1:
             self._note_peers(seqs)
+        # The prefill's progress goes with the step's tokens: the last prompt step's
+        # count and the first token cross the worker's pipe as one frame, not two.
         with self.sampling():
+            for seq, k, _ in rows:
+                seq.n_past += k - len(seq.draft)  # a draft's cells count once verified
+                if seq.n_past <= seq.n_prompt:
+                    seq.producer.count_read(seq.n_past)  # the prefill's progress
             for seq, _, row in rows:
                 if row >= 0 and not seq.cancelled:
                     if seq.draft:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -54,6 +55,7 @@ from ._messages import (
     ToWorker,
     decode,
     encode,
+    input_waiter,
     step_of,
 )
 
@@ -71,7 +73,10 @@ class _Link:
 
     While the engine samples a step (``held``), what its loop sends waits and goes as one
     ``Step`` frame at the step's end; a message another thread sends meanwhile first
-    writes what waits, so the order of the sends is the order on the pipe.
+    writes what waits, so the order of the sends is the order on the pipe. A request's
+    admission is held the same way (its start with its prompt's count, then what the
+    prefix cache held): each frame is a write here and a wake-up of the parent's reader,
+    and a first token after a cache hit took six of them, three now.
     """
 
     def __init__(self, conn: Connection) -> None:
@@ -109,9 +114,14 @@ class _Link:
             self._write_locked(step_of(wires))
 
     def _write_locked(self, wire: tuple[Any, ...]) -> None:
+        # Plain pickle, in Connection's framing: ``Connection.send`` pickles with
+        # multiprocessing's ForkingPickler, which copies the copyreg table for each
+        # frame (2.7 against 0.3 us a frame, on the decode loop's thread, every token);
+        # a wire tuple holds nothing its reducers are for.
+        data = pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)
         # The parent is gone when this fails: the reader sees the end and exits.
         with contextlib.suppress(OSError):
-            self.conn.send(wire)
+            self.conn.send_bytes(data)
 
 
 class _Forward(Producer[Any]):
@@ -374,8 +384,12 @@ class _Worker:
     def serve(self) -> None:
         """Handle the parent's messages until ``close`` or the end of the pipe."""
         conn = self.link.conn
+        # Not woken each time the parent takes a frame the engine's loop wrote, once a
+        # token, on the cores llama.cpp's threads use (``input_waiter``).
+        wait = input_waiter(conn)
         while True:
             try:
+                wait()
                 message = cast(ToWorker, decode(conn.recv()))
             except (EOFError, OSError):
                 return

@@ -6,7 +6,8 @@ request (one per ``start``). On the pipe each message is one frame: a pickle, le
 prefixed, exactly as ``multiprocessing.connection.Connection`` reads it (``frame``).
 What is pickled is the plain tuple ``encode`` makes (the kind's number, then the
 fields), which ``decode`` turns back into the record: a pickled dataclass costs about
-ten times a tuple, and an ``Item`` crosses the pipe for every token.
+ten times a tuple, and an ``Item`` crosses the pipe for every token. Each end's reader
+waits for a frame in ``input_waiter``.
 
 Parent to worker: ``Load`` (the first message, once), then ``Start``, ``Cancel``,
 ``Credit``, ``Ping`` (the heartbeat) and ``Close``. Worker to parent: ``Ready`` or
@@ -28,9 +29,11 @@ from __future__ import annotations
 
 import operator
 import pickle
+import select
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from ...belt import EndReason
@@ -286,3 +289,21 @@ def frame(message: ToWorker | ToParent) -> bytes:
     if len(data) > 0x7FFFFFFF:
         return struct.pack("!iQ", -1, len(data)) + data
     return struct.pack("!i", len(data)) + data
+
+
+def input_waiter(conn: Connection) -> Callable[[], object]:
+    """A call that sleeps until ``conn`` has something to read (or has ended), for a
+    thread to make before each ``recv``.
+
+    A thread blocked reading a Unix socket is woken each time the far end takes
+    something written on that socket (there is room to write again), and reads on. Both
+    ends write and read one socket: the worker's reader woke each time the parent took a
+    frame of the engine's loop (once a token, on the cores llama.cpp's threads use), the
+    parent's each time the worker took a credit. ``poll`` for input wakes only for input.
+    """
+    poller = select.poll()
+    try:
+        poller.register(conn.fileno(), select.POLLIN)
+    except OSError:
+        return lambda: None  # a closed pipe: its recv says so
+    return poller.poll

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import LoadTimeout, ModelLoadError
-from ._messages import Close, Load, ToParent, ToWorker, frame, messages
+from ._messages import Close, Load, ToParent, ToWorker, frame, input_waiter, messages
 
 logger = logging.getLogger("tokenbelt.engines.worker")
 
@@ -178,9 +178,12 @@ class Process:
         """The reader thread: hand each message to ``handle`` until the pipe ends, then
         wait for the process to exit and close the pipe; returns its exit code. A message
         that cannot be read or applied kills the worker."""
+        # Not woken each time the worker takes a credit written here (``input_waiter``).
+        wait = input_waiter(self.conn)
         try:
             while True:
                 try:
+                    wait()
                     received = messages(self.conn.recv())
                 except (EOFError, OSError):
                     break
