@@ -10,8 +10,9 @@ a GPU). Each round runs both variants of a workload, the order alternating per r
 a change in machine load hits both; figures are medians over ``--rounds`` rounds:
 
 - ``copy``: "Copy this text exactly:" and four paragraphs (of the edit's passage),
-  greedy: the reply repeats the text, which a lookup drafts nearly whole. ``{model}_copy_ratio`` = default
-  rate over drafting-off rate (target >= 1.5 on both models);
+  greedy: the reply repeats the text, which a lookup drafts nearly whole.
+  ``{model}_copy_ratio`` = default rate over drafting-off rate (target >= 1.5 on both
+  models);
 - ``edit``: a ~500-token passage and "Rewrite the text above exactly, changing only
   ...", greedy: the small model paraphrases as it copies, so drafts miss often.
   ``{model}_edit_ratio`` (target >= 1.5 on f32, >= 1.2 on q4_1 or the measured reason);
@@ -94,9 +95,7 @@ EDIT = [
 ]
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 #: four paragraphs of the passage, which the reply repeats (the small model adds a comma)
-COPY_TEXT = "\n\n".join(
-    ". ".join(PASSAGE.split(". ")[3 * i : 3 * i + 3]) + "." for i in range(4)
-)
+COPY_TEXT = "\n\n".join(". ".join(PASSAGE.split(". ")[3 * i : 3 * i + 3]) + "." for i in range(4))
 COPY = [{"role": "user", "content": "Copy this text exactly:\n\n" + COPY_TEXT}]
 #: each workload's messages and sampling
 WORKLOADS: dict[str, tuple[list[dict[str, str]], dict[str, Any]]] = {

@@ -56,11 +56,16 @@ sides are the like-for-like ones (16-bit weights on both: f16 here, bf16 there);
 ``ratio_process_f16_vllm_tok_s_{n}`` (and ``_thread_f16_``) tokenbelt's f16 over vLLM.
 ``--skip SIDE ...`` leaves sides out (at every precision).
 
+Drafting (``--draft``): tokenbelt's sides draft by default, as ``tokenbelt serve`` does
+(greedy replies of a small model with its end tokens banned repeat themselves, which a
+lookup drafts: more tokens a second, in bursts, so longer gaps between chunks);
+``--draft off`` measures the serving alone, like for like with llama-server (no drafting).
+
 Targets (issue 28): ``ratio_tok_s_{1,4,8,16} >= 1.0``; TTFT p50 and p95 no worse than
 llama-server's at each concurrency; inter-token p95 <= llama-server's + 10%.
 Run: ``.venv/bin/python benchmarks/serving.py [--rounds 2] [--tokens 128] [--leave]
 [--llama-server PATH] [--guidellm VENV] [--vllm] [--precision {q4_1,f16,both}]
-[--skip SIDE ...] [--json]``.
+[--skip SIDE ...] [--draft {lookup,off}] [--json]``.
 """
 
 from __future__ import annotations
@@ -131,7 +136,9 @@ def _weights(side: str) -> tuple[str, Path]:
     return side, default_model_path()
 
 
-def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server: str) -> list[str]:
+def _command(
+    side: str, port: int, slots: int, n_ctx: int, threads: int, server: str, draft: str
+) -> list[str]:
     side, weights = _weights(side)
     model = str(weights)
     if side == "llama-server":
@@ -143,7 +150,7 @@ def _command(side: str, port: int, slots: int, n_ctx: int, threads: int, server:
     cmd += ["--port", str(port), "--slots", str(slots), "--n-ctx", str(n_ctx)]
     cmd += ["--threads", str(threads), "--threads-batch", str(threads)]
     cmd += ["--isolation", side, "--queue-size", "64", "--total-timeout", "0"]
-    cmd += ["--prefix-cache-disk", "0"]
+    cmd += ["--prefix-cache-disk", "0", "--draft", draft]
     return cmd
 
 
@@ -303,7 +310,8 @@ def _started(
     if side == "vllm":
         command, env = _vllm(port, slots, args.n_ctx, args.threads)
         return serving(command, port, env)
-    return serving(_command(side, port, slots, args.n_ctx, args.threads, server), port)
+    command = _command(side, port, slots, args.n_ctx, args.threads, server, args.draft)
+    return serving(command, port)
 
 
 def one_side(side: str, args: Any, server: str, bias: dict[str, float]) -> dict[str, float]:
@@ -467,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
         "or both",
     )
     parser.add_argument("--skip", nargs="+", default=[], choices=SIDES, help="sides to leave out")
+    parser.add_argument(
+        "--draft",
+        choices=["lookup", "off"],
+        default="lookup",
+        help="tokenbelt's drafting (its default, lookup; off: the serving alone, as "
+        "llama-server, which does no drafting here)",
+    )
     parser.add_argument(
         "--guidellm",
         default=os.environ.get("TOKENBELT_GUIDELLM_VENV"),

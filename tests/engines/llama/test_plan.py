@@ -282,6 +282,20 @@ def test_no_draft_when_each_token_costs_a_whole_step() -> None:
     assert plan.n_tokens == 1
 
 
+def test_a_later_draft_is_weighed_against_the_step_with_the_earlier_drafts() -> None:
+    # Steps cost about the same up to 10 tokens and much more past them: one sequence's
+    # draft of 8 pays beside another's plain row, a second draft in the same step does not.
+    costs = StepCosts()
+    costs.record(2, 0.010, prefill=False)
+    costs.record(10, 0.011, prefill=False)
+    costs.record(11, 0.030, prefill=False)
+    first = drafting(decoding(make_seq(ECHO, seq_id=0), token=12))
+    second = drafting(decoding(make_seq(ECHO, seq_id=1), token=12))
+    plan = planner(costs, slots=2).rows([first, second], 100.0)
+    assert shape(plan) == [(first, 1, [13, 14, 15, 16, 17, 18, 19, 50]), (second, 1, [])]
+    assert plan.n_tokens == 10
+
+
 def test_a_draft_fits_the_belt_room_and_the_reply_length() -> None:
     roomy = drafting(decoding(make_seq(ECHO, capacity=4), token=12))
     # Every accepted token and the correction go on the belt in the same step.

@@ -92,18 +92,27 @@ def expected_accepted(p: float, length: int) -> float:
     return p * (1.0 - p**length) / (1.0 - p)
 
 
-def best_length(p: float, batch: int, limit: int, step_cost: Callable[[int], float | None]) -> int:
+def best_length(
+    p: float,
+    batch: int,
+    limit: int,
+    step_cost: Callable[[int], float | None],
+    tokens: float | None = None,
+) -> int:
     """The draft length (at most ``limit``) with the most tokens per second for a step of
-    ``batch`` plain tokens, or 0 when drafting does not pay (or no cost is known yet)."""
+    ``batch`` rows that yields ``tokens`` (default: one a row; less where other
+    sequences' drafts are among the rows), or 0 when drafting does not pay (or no cost is
+    known yet)."""
     plain = step_cost(batch)
     if plain is None or plain <= 0 or limit <= 0:
         return 0
-    best, best_rate = 0, batch / plain * (1.0 + _MARGIN)
+    base = float(batch) if tokens is None else tokens
+    best, best_rate = 0, base / plain * (1.0 + _MARGIN)
     for length in (*(n for n in _LENGTHS if n < limit), limit):
         cost = step_cost(batch + length)
         if cost is None or cost <= 0:
             continue
-        rate = (batch + expected_accepted(p, length)) / cost
+        rate = (base + expected_accepted(p, length)) / cost
         if rate > best_rate:
             best, best_rate = length, rate
     return best

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ...belt import EndReason
-from ._draft import best_length
+from ._draft import best_length, expected_accepted
 from ._sequence import Sequence
 
 #: steps with at least this many tokens time the prompt rate (smaller ones are mostly
@@ -221,17 +221,23 @@ class StepPlan:
                 waiting.append(seq)
         rows: list[Row] = []
         n = 0
+        tokens = 0.0  # what the rows so far are expected to yield
         for i, seq in enumerate(stepping):
             # One token, or more when the engine appended some (a forced end marker).
             k = len(seq.tokens) - seq.n_past
             draft: list[int] = []
             if seq.lookup is not None and k == 1:
-                # Room in the batch for this draft and one token for every sequence after it.
-                spare = self.n_batch - n - k - (len(stepping) - i - 1)
-                draft = self.draft_for(seq, len(stepping), spare)
+                # Room in the batch for this draft and one token for every sequence after
+                # it; weighed against the step as it stands: earlier drafts included.
+                later = len(stepping) - i - 1
+                spare = self.n_batch - n - k - later
+                draft = self.draft_for(seq, (n + k + later, tokens + k + later), spare)
             seq.draft = draft
             rows.append(Row(seq, k, draft))
             n += k + len(draft)
+            tokens += k
+            if draft and seq.lookup is not None:
+                tokens += expected_accepted(seq.lookup.rate, len(draft))
         plain = n - sum(len(r.draft) for r in rows)
         # Drafts do not take the prompts' share of a step, only the batch's room.
         budget = min((self.prompt_chunk() if decoding else self.n_batch) - plain, self.n_batch - n)
@@ -247,10 +253,11 @@ class StepPlan:
             budget -= k
         return Plan(rows, waiting)
 
-    def draft_for(self, seq: Sequence, batch: int, spare: int) -> list[int]:
-        """The draft to verify with the sequence's pending token in a step of ``batch``
-        decoding sequences: a prompt lookup, as long as it pays (``_draft.py``), within
-        the belt's room, the reply's length and the batch's ``spare`` rows."""
+    def draft_for(self, seq: Sequence, step: tuple[int, float], spare: int) -> list[int]:
+        """The draft to verify with the sequence's pending token in a step of ``step``
+        (its rows, and the tokens they are expected to yield, without this draft): a
+        prompt lookup, as long as it pays (``_draft.py``), within the belt's room, the
+        reply's length and the batch's ``spare`` rows."""
         lookup = seq.lookup
         assert lookup is not None
         lookup.settle(seq.tokens)
@@ -261,7 +268,8 @@ class StepPlan:
         proposal = lookup.propose(seq.tokens, limit)
         if not proposal:
             return []
-        length = best_length(lookup.rate, batch, len(proposal), self.costs.step)
+        rows, tokens = step
+        length = best_length(lookup.rate, rows, len(proposal), self.costs.step, tokens)
         if length == 0:
             length = lookup.probe(seq.produced, len(proposal))
         if length == 0:
