@@ -118,10 +118,13 @@ def test_costs_keep_a_moving_average_per_small_size_and_time_prompts_in_big_pref
     costs.record(1, 0.010, prefill=False)
     costs.record(1, 0.020, prefill=False)
     assert costs.steps[1] == pytest.approx(0.8 * 0.010 + 0.2 * 0.020)
-    # A small prefill is a step size, not a prompt rate (mostly fixed costs).
+    # A small prefill is no prompt rate (mostly fixed costs), nor a step size: its rows
+    # have no logits but the last, a draft's all do.
     costs.record(PROMPT_TIMED_TOKENS - 1, 0.063, prefill=True)
     assert costs.prompt is None
-    assert PROMPT_TIMED_TOKENS - 1 in costs.steps
+    assert PROMPT_TIMED_TOKENS - 1 not in costs.steps
+    costs.record(PROMPT_TIMED_TOKENS - 1, 0.090, prefill=False)
+    assert costs.steps[PROMPT_TIMED_TOKENS - 1] == pytest.approx(0.090)
     # A big step that read no prompt (drafts, many streams) is no prompt rate either.
     costs.record(128, 1.0, prefill=False)
     assert costs.prompt is None

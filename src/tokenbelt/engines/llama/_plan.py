@@ -63,8 +63,14 @@ class StepCosts:
         self.prompt: float | None = None
 
     def record(self, n_tokens: int, took: float, *, prefill: bool) -> None:
-        """A step of ``n_tokens`` took ``took`` seconds (``prefill``: it read a prompt)."""
-        if n_tokens <= TIMED_STEP_TOKENS:  # small steps: what a forced marker costs
+        """A step of ``n_tokens`` took ``took`` seconds (``prefill``: it read a prompt).
+
+        Per size, only steps of decoding sequences are timed (what a forced marker and a
+        draft cost): a prompt chunk's rows but its last have no logits, so a step that
+        reads one costs less than a step of as many sampled rows (on the default model
+        each row's logits are about a fifth of its cost), and would make drafts look
+        cheap."""
+        if not prefill and n_tokens <= TIMED_STEP_TOKENS:
             self.steps[n_tokens] = _moving(self.steps.get(n_tokens), took)
         if prefill and n_tokens >= PROMPT_TIMED_TOKENS:
             self.prompt = _moving(self.prompt, took / n_tokens)

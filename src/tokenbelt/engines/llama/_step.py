@@ -76,8 +76,8 @@ class NativeStep:
     def decode(self, rows: Rows, n_tokens: int) -> int:
         """Run the filled batch: ``llama_decode``'s code (0: done; 2: aborted)."""
         lib = self._lib
-        prefill = n_tokens > self._slots or not all(seq.decoding for seq, _, _ in rows)
-        kind = "prefill" if prefill else "decode"
+        reads = not all(seq.decoding for seq, _, _ in rows)  # a prompt chunk is in it
+        kind = "prefill" if reads or n_tokens > self._slots else "decode"
         threads = 0
         if self._tuner is not None:
             threads = self._tuner.choose(kind)
@@ -88,7 +88,7 @@ class NativeStep:
         if ret == 0:
             if self._tuner is not None:
                 self._tuner.record(kind, threads, took, n_tokens)
-            self._costs.record(n_tokens, took, prefill=prefill)
+            self._costs.record(n_tokens, took, prefill=reads)
         else:
             self.aborted += 1
         self.steps += 1
