@@ -299,6 +299,19 @@ def test_a_later_draft_is_weighed_against_the_step_with_the_earlier_drafts() -> 
     assert plan.n_tokens == 10
 
 
+def test_where_rows_are_dear_a_sequence_drafts_alone_but_not_beside_others() -> None:
+    # The default model on 2 cores: 2 rows 1.74 times one, 4 rows 2.71, 8 rows 4.5.
+    costs = StepCosts()
+    for n, ms in ((1, 10.0), (2, 17.4), (4, 27.1), (8, 45.0)):
+        costs.record(n, ms / 1000, prefill=False)
+    alone = drafting(decoding(make_seq(ECHO, seq_id=0), token=12))
+    assert planner(costs).rows([alone], 100.0).rows[0].draft
+    first = drafting(decoding(make_seq(ECHO, seq_id=0), token=12))
+    second = drafting(decoding(make_seq(ECHO, seq_id=1), token=12))
+    plan = planner(costs, slots=2).rows([first, second], 100.0)
+    assert shape(plan) == [(first, 1, []), (second, 1, [])]
+
+
 def test_a_draft_fits_the_belt_room_and_the_reply_length() -> None:
     roomy = drafting(decoding(make_seq(ECHO, capacity=4), token=12))
     # Every accepted token and the correction go on the belt in the same step.

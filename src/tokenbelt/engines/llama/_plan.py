@@ -38,6 +38,12 @@ TIMED_STEP_TOKENS = 64
 FIRST_SHARED_TOKENS = 16
 #: the most seconds of chat steps saved up as credit for embeddings
 MAX_CREDIT_S = 0.5
+#: beside other decoding sequences, a draft is weighed only where a step of twice the
+#: rows costs at most this many times the step (memory-bound steps: a GPU's, an f32
+#: model's here): on the default Q4_1 model on 2 cores (1.67 times), drafts beside 4 and
+#: 8 streams that the costs said paid lost 8-10% of the batch's tokens a second
+#: (``benchmarks/serving.py``, 2026-12-07), where alone they gain
+CHEAP_ROWS = 1.5
 
 
 def _moving(average: float | None, sample: float) -> float:
@@ -259,6 +265,12 @@ class StepPlan:
             budget -= k
         return Plan(rows, waiting)
 
+    def rows_are_cheap(self, rows: int) -> bool:
+        """Whether a step of twice ``rows`` rows costs at most ``CHEAP_ROWS`` times one of
+        ``rows`` here (False while either is unknown)."""
+        one, two = self.costs.step(rows), self.costs.step(2 * rows)
+        return one is not None and two is not None and two <= CHEAP_ROWS * one
+
     def draft_for(self, seq: Sequence, step: tuple[int, float], spare: int) -> list[int]:
         """The draft to verify with the sequence's pending token in a step of ``step``
         (its rows, and the tokens they are expected to yield, without this draft): a
@@ -275,8 +287,10 @@ class StepPlan:
         if not proposal:
             return []
         rows, tokens = step
-        length = best_length(lookup.rate, rows, len(proposal), self.costs.step, tokens)
-        if length == 0:
+        length = 0
+        if rows == 1 or self.rows_are_cheap(rows):
+            length = best_length(lookup.rate, rows, len(proposal), self.costs.step, tokens)
+        if length == 0 and rows == 1:
             length = lookup.probe(seq.produced, len(proposal))
         if length == 0:
             lookup.shadow(seq.tokens, proposal)  # measured for free: it may pay later
