@@ -35,10 +35,13 @@ PROGRAM = textwrap.dedent(
     """
 )
 TRIES = 30
+#: a lost Ctrl-C is never answered (until the next key); an answered one may come late on
+#: a loaded machine: the two spinning threads and the test run's other workers share its cores
+ANSWER_S = 5.0
 
 
 def test_every_ctrl_c_pressed_as_the_prompt_appears_is_answered() -> None:
-    child = pexpect.spawn(sys.executable, ["-c", PROGRAM], encoding="utf-8", timeout=2.0)
+    child = pexpect.spawn(sys.executable, ["-c", PROGRAM], encoding="utf-8", timeout=ANSWER_S)
     child.delaybeforesend = 0  # press Ctrl-C the moment the prompt is drawn
     lost = 0
     try:
@@ -51,4 +54,6 @@ def test_every_ctrl_c_pressed_as_the_prompt_appears_is_answered() -> None:
                 child.expect_exact("interrupted")
     finally:
         child.terminate(force=True)
-    assert lost == 0, f"{lost} of {TRIES} Ctrl-Cs at the prompt were not answered within 2 s"
+    assert lost == 0, (
+        f"{lost} of {TRIES} Ctrl-Cs at the prompt were not answered within {ANSWER_S} s"
+    )

@@ -100,7 +100,9 @@ def test_drafting_turns_itself_off_on_free_text(model: Model) -> None:
 def test_with_no_setting_a_copying_reply_drafts_and_says_why(model: Model) -> None:
     before = model.engines[0].statistics()
     assert isinstance(before, BatchStatistics)
-    reply = model.complete(REPEAT, max_tokens=64, **GREEDY)
+    # Long enough (the end token ignored) that a sequence whose shadow drafts are all
+    # accepted verifies one even while a loaded machine's step costs say no (``probe``).
+    reply = model.complete(REPEAT, max_tokens=96, ignore_eos=True, **GREEDY)
     assert reply.trace.draft_tokens > 0
     assert reply.trace.draft_decision == "on"
     asked_off = model.complete(REPEAT, max_tokens=8, draft="off", **GREEDY)
