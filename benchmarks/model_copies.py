@@ -6,7 +6,8 @@ llama.cpp's own quantizer (``llama_model_quantize``, ``LLAMA_FTYPE_ALL_F32`` wit
 more than a step of one on it (the weights are read once for all rows), which is the
 regime of a GPU or of a large model on a laptop: where drafting pays most.
 
-Kept in ``~/.cache/tokenbelt/bench/`` (``TOKENBELT_BENCH_CACHE`` to move it).
+Kept in ``~/.cache/tokenbelt/bench/`` (``TOKENBELT_BENCH_CACHE`` to move it). The f16
+copy the vLLM comparison serves is ``tests/engines/remote/vllm_cpu.py``'s ``ensure_f16``.
 
 Run: ``.venv/bin/python benchmarks/model_copies.py f32`` (prints the path)
 """
@@ -18,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
+FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32"}
 
 
 def home() -> Path:
